@@ -1,0 +1,61 @@
+"""Shared fixtures: the prepared target and real SGLang servers (started once per session)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.server import start_server
+
+torch.set_num_threads(1)
+
+PROMPTS = [
+    "What is the capital of France? Answer in one sentence, then describe the city.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain why the sky is blue to a ten-year-old.",
+    "List five fruits and one fact about each.",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in "
+    "May. How many clips did Natalia sell altogether in April and May? Think step by step.",
+    "Translate to French: 'The weather is nice today, let us go for a walk in the park.'",
+    "Give me three tips for writing clear technical documentation.",
+    "What is 17 times 23? Show your work.",
+]
+
+
+@pytest.fixture(scope="session")
+def target_path():
+    from domino_sglang.target import prepare_target
+
+    return prepare_target()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(target_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(target_path)
+
+
+@pytest.fixture(scope="session")
+def chat_ids(tokenizer):
+    """Chat-templated prompt token ids, as SGLang's chat endpoint builds them."""
+    return [
+        tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=True,
+                                      add_generation_prompt=True, return_dict=False)
+        for p in PROMPTS
+    ]
+
+
+@pytest.fixture(scope="session")
+def ar_server_fp32(target_path):
+    server = start_server("ar-fp32", ["--no-speculation", "--dtype", "float32",
+                                      "--max-total-tokens", "16384"])
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def ar_server_bf16(target_path):
+    server = start_server("ar-bf16", ["--no-speculation", "--max-total-tokens", "16384"])
+    yield server
+    server.stop()
