@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.server import start_server
+from domino_sglang.local_server import start_server
 
 torch.set_num_threads(1)
 

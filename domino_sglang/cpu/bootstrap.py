@@ -6,8 +6,9 @@ too late. The `domino_sglang_cpu.pth` file that our wheel installs into site-pac
 `install()` at interpreter start-up, only when the CPU engine is requested. `install()` then does
 nothing unless no real `sgl_kernel` is installed: a real (GPU or CPU) build is never shadowed.
 
-The stand-in module exposes ONLY the ops implemented in `domino_sglang.cpu.kernels`; every other
-name (and every submodule) raises ImportError, so SGLang's own `try: from sgl_kernel import X`
+The stand-in module exposes ONLY the ops implemented in `domino_sglang.cpu.kernels` (top level,
+plus `sgl_kernel.speculative` which SGLang's NGRAM tree code imports); every other name and
+submodule raises ImportError, so SGLang's own `try: from sgl_kernel import X`
 fallbacks keep working. This module must stay cheap: it runs in every Python process of the venv
 that has the env var set, and it imports torch only when `sgl_kernel` is actually imported.
 """
@@ -22,16 +23,24 @@ import sys
 import types
 
 STANDIN_NAME = "sgl_kernel"
+# module name -> name of the tuple in domino_sglang.cpu.kernels listing the ops it exposes
+_MODULES = {
+    STANDIN_NAME: "SGL_KERNEL_CPU_OPS",
+    f"{STANDIN_NAME}.speculative": "SGL_KERNEL_SPECULATIVE_OPS",
+}
 DISABLE_ENV = "DOMINO_SGLANG_NO_CPU_KERNELS"
 
 
 class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds `sgl_kernel` (top level only) and builds it from our pure-torch ops."""
+    """Finds `sgl_kernel` (and `sgl_kernel.speculative`) and builds them from our torch ops."""
 
-    def find_spec(self, fullname, path=None, target=None):  # noqa: D401 - importlib API
-        if fullname != STANDIN_NAME:
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _MODULES:
             return None
-        return importlib.machinery.ModuleSpec(fullname, self, origin="domino_sglang.cpu.kernels")
+        return importlib.machinery.ModuleSpec(
+            fullname, self, origin="domino_sglang.cpu.kernels",
+            is_package=fullname == STANDIN_NAME,
+        )
 
     def create_module(self, spec):
         return types.ModuleType(spec.name)
@@ -39,7 +48,7 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module):
         from domino_sglang.cpu import kernels
 
-        for name in kernels.SGL_KERNEL_CPU_OPS:
+        for name in getattr(kernels, _MODULES[module.__name__]):
             setattr(module, name, getattr(kernels, name))
         module.__version__ = "0.0.0+domino-sglang-cpu-standin"
         module.DOMINO_SGLANG_STANDIN = True

@@ -1,7 +1,7 @@
-"""Start and stop real SGLang servers (through `domino-sglang serve`) for the tests.
+"""Start and stop local SGLang servers (through `domino-sglang serve`) for tests and benchmarks.
 
-Each server runs on a free loopback port in its own process group, with 1 torch thread, and is
-stopped by PID (the whole group) when the test session ends.
+Each server runs on a free loopback port in its own process group, with a pinned number of torch
+threads, and is stopped by PID (the whole group).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parents[1]
 LOG_DIR = Path(os.environ.get("DOMINO_TEST_LOG_DIR", "/tmp/domino_sglang_test_logs"))
 
 
@@ -42,6 +41,12 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             try:
@@ -56,24 +61,26 @@ class Server:
 
 
 def start_server(name: str, serve_args: list[str], sglang_args: list[str] | None = None,
-                 timeout: float = 300.0, env: dict | None = None) -> Server:
+                 timeout: float = 300.0, env: dict | None = None, threads: int = 1) -> Server:
     """Launch `domino-sglang serve` and wait until /health answers 200 (or fail with its log)."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log_path = LOG_DIR / f"{name}-{port}.log"
     cmd = [sys.executable, "-m", "domino_sglang.cli", "serve", "--port", str(port),
-           "--threads", "1", *serve_args]
+           "--threads", str(threads), *serve_args]
     if sglang_args:
         cmd += ["--", *sglang_args]
     full_env = {**os.environ, **(env or {})}
     with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 env=full_env, stdin=subprocess.DEVNULL, start_new_session=True)
     server = Server(name=name, port=port, proc=proc, log_path=log_path, args=cmd)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server {name} exited with {proc.returncode}:\n{server.log()[-4000:]}")
+            raise RuntimeError(
+                f"server {name} exited with {proc.returncode}:\n{server.log()[-4000:]}"
+            )
         try:
             if requests.get(f"{server.url}/health", timeout=2).status_code == 200:
                 return server

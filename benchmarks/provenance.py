@@ -1,0 +1,62 @@
+"""Provenance of a benchmark run: command, machine, software revision, date."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _pkg(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "absent"
+
+
+def collect() -> dict:
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    return {
+        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
+        "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+        "revision": _git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else ""),
+        "machine": f"{_cpu_model()}, {os.cpu_count()} cores, "
+                   f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
+        "python": platform.python_version(),
+        "torch": _pkg("torch"),
+        "sglang": _pkg("sglang"),
+    }
+
+
+def markdown_header(prov: dict) -> str:
+    return "\n".join([
+        f"- command: `{prov['command']}`",
+        f"- machine: {prov['machine']}",
+        f"- revision: {prov['revision']} (torch {prov['torch']}, sglang {prov['sglang']})",
+        f"- date: {prov['date_utc']} UTC",
+    ])

