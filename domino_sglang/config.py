@@ -1,0 +1,221 @@
+"""The Domino drafter checkpoint (upstream layout): parse, validate, name the bad field.
+
+Upstream layout (SpecForge / SGLang `DFlashDraftModel`, as released for Qwen3-4B/8B):
+
+    config.json   architectures ["DFlashDraftModel"], block_size, Qwen3-style decoder fields
+                  (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+                  head_dim, intermediate_size, rms_norm_eps, rope_theta, vocab_size), and
+                  dflash_config {target_layer_ids, mask_token_id, projector_type: "domino",
+                  shift_label: true, pure_draft_prefix_len: 1, gru_hidden_dim, emb_dim}
+    *.safetensors fc.weight [H, K*H], hidden_norm.weight [H], layers.N.* (Qwen3 decoder layers,
+                  q_norm/k_norm), norm.weight [H], prefix_gru.weight_ih_l0 [3G, H],
+                  prefix_gru.weight_hh_l0 [3G, G], embed_proj.0.weight [E, H+G],
+                  embed_proj.2.weight [V, E]
+
+Target-layer capture: `target_layer_ids[k] = i` means the OUTPUT of target decoder layer i
+(transformers' `hidden_states[i + 1]`), as SGLang's `set_dflash_layers_to_capture` does.
+Only safetensors are read (never pickle), and no config asks for remote code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ARCHITECTURE = "DFlashDraftModel"
+MIN_BLOCK, MAX_BLOCK = 2, 64
+
+
+class DrafterConfigError(ValueError):
+    """A drafter that cannot be served; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    path: Path
+    block_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    vocab_size: int
+    max_position_embeddings: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    gru_hidden_dim: int
+    emb_dim: int
+    shift_label: bool = True
+    pure_draft_prefix_len: int = 1
+    candidate_pool: int = 0  # head scored over top-K base candidates; 0 = full vocabulary
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def num_context_features(self) -> int:
+        return len(self.target_layer_ids)
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every weight the drafter needs, with its shape."""
+        h, g, e = self.hidden_size, self.gru_hidden_dim, self.emb_dim
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        shapes = {
+            "fc.weight": (h, self.num_context_features * h),
+            "hidden_norm.weight": (h,),
+            "norm.weight": (h,),
+            "prefix_gru.weight_ih_l0": (3 * g, h),
+            "prefix_gru.weight_hh_l0": (3 * g, g),
+            "embed_proj.0.weight": (e, h + g),
+            "embed_proj.2.weight": (self.vocab_size, e),
+        }
+        for i in range(self.num_layers):
+            p = f"layers.{i}."
+            shapes.update({
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "self_attn.q_norm.weight": (self.head_dim,),
+                p + "self_attn.k_norm.weight": (self.head_dim,),
+                p + "mlp.gate_proj.weight": (self.intermediate_size, h),
+                p + "mlp.up_proj.weight": (self.intermediate_size, h),
+                p + "mlp.down_proj.weight": (h, self.intermediate_size),
+            })
+        return shapes
+
+
+def _field(cfg: dict, name: str, kind: type, where: str, default: Any = None) -> Any:
+    value = cfg.get(name, default)
+    if value is None:
+        raise DrafterConfigError(f"{where}: missing field '{name}'")
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise DrafterConfigError(f"{where}: field '{name}' must be an integer, got {value!r}")
+    if kind is float and not isinstance(value, (int, float)):
+        raise DrafterConfigError(f"{where}: field '{name}' must be a number, got {value!r}")
+    if kind is bool and not isinstance(value, bool):
+        raise DrafterConfigError(f"{where}: field '{name}' must be true/false, got {value!r}")
+    if kind in (int, float) and value <= 0 and name not in ("mask_token_id",):
+        raise DrafterConfigError(f"{where}: field '{name}' must be positive, got {value!r}")
+    return value
+
+
+def load_draft_config(path: str | Path, block_size: int | None = None) -> DraftConfig:
+    """Read and validate `path/config.json` (shape-level checks of the config alone)."""
+    path = Path(path)
+    where = str(path / "config.json")
+    if not (path / "config.json").is_file():
+        raise DrafterConfigError(f"{where}: not found (is {path} a drafter folder?)")
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise DrafterConfigError(f"{where}: invalid JSON ({exc})") from exc
+    if cfg.get("architectures") != [ARCHITECTURE]:
+        raise DrafterConfigError(
+            f"{where}: field 'architectures' must be [\"{ARCHITECTURE}\"], got "
+            f"{cfg.get('architectures')!r}; this is not a Domino drafter")
+    if cfg.get("auto_map") or cfg.get("trust_remote_code"):
+        raise DrafterConfigError(f"{where}: field 'auto_map' asks for remote code; refused")
+    dcfg = cfg.get("dflash_config")
+    if not isinstance(dcfg, dict):
+        raise DrafterConfigError(f"{where}: missing field 'dflash_config'")
+    dwhere = f"{where}: dflash_config"
+    if dcfg.get("projector_type") != "domino":
+        raise DrafterConfigError(
+            f"{dwhere}.projector_type must be \"domino\", got {dcfg.get('projector_type')!r}; "
+            "this is not a Domino drafter")
+    layer_ids = dcfg.get("target_layer_ids")
+    if (not isinstance(layer_ids, list) or not layer_ids
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in layer_ids)):
+        raise DrafterConfigError(f"{dwhere}.target_layer_ids must be a non-empty list of ints, "
+                                 f"got {layer_ids!r}")
+    block = block_size if block_size is not None else _field(cfg, "block_size", int, where)
+    if not MIN_BLOCK <= block <= MAX_BLOCK:
+        raise DrafterConfigError(
+            f"block size must be in [{MIN_BLOCK}, {MAX_BLOCK}], got {block} "
+            f"({'--speculative-num-draft-tokens' if block_size is not None else where})")
+    rope = cfg.get("rope_parameters") or {}
+    rope_theta = cfg.get("rope_theta", rope.get("rope_theta", 1_000_000.0))
+    num_heads = _field(cfg, "num_attention_heads", int, where)
+    hidden = _field(cfg, "hidden_size", int, where)
+    conf = DraftConfig(
+        path=path,
+        block_size=block,
+        hidden_size=hidden,
+        num_layers=_field(cfg, "num_hidden_layers", int, where),
+        num_heads=num_heads,
+        num_kv_heads=_field(cfg, "num_key_value_heads", int, where, num_heads),
+        head_dim=_field(cfg, "head_dim", int, where, hidden // num_heads),
+        intermediate_size=_field(cfg, "intermediate_size", int, where),
+        rms_norm_eps=_field(cfg, "rms_norm_eps", float, where, 1e-6),
+        rope_theta=_field({"rope_theta": rope_theta}, "rope_theta", float, where),
+        vocab_size=_field(cfg, "vocab_size", int, where),
+        max_position_embeddings=_field(cfg, "max_position_embeddings", int, where, 32768),
+        target_layer_ids=tuple(layer_ids),
+        mask_token_id=_field(dcfg, "mask_token_id", int, dwhere),
+        gru_hidden_dim=_field(dcfg, "gru_hidden_dim", int, dwhere),
+        emb_dim=_field(dcfg, "emb_dim", int, dwhere),
+        shift_label=_field(dcfg, "shift_label", bool, dwhere, True),
+        pure_draft_prefix_len=_field(dcfg, "pure_draft_prefix_len", int, dwhere, 1),
+        candidate_pool=int(dcfg.get("candidate_pool", 0) or 0),
+        raw=cfg,
+    )
+    if conf.num_heads % conf.num_kv_heads:
+        raise DrafterConfigError(f"{where}: field 'num_key_value_heads' ({conf.num_kv_heads}) "
+                                 f"must divide num_attention_heads ({conf.num_heads})")
+    if not conf.shift_label or conf.pure_draft_prefix_len != 1:
+        raise DrafterConfigError(f"{dwhere}: only shift_label=true and pure_draft_prefix_len=1 "
+                                 "are supported (the released Domino drafters use these)")
+    if not 0 <= conf.mask_token_id < conf.vocab_size:
+        raise DrafterConfigError(f"{dwhere}.mask_token_id {conf.mask_token_id} is outside the "
+                                 f"vocabulary (vocab_size {conf.vocab_size})")
+    return conf
+
+
+def check_against_target(conf: DraftConfig, target_hidden: int, target_vocab: int,
+                         target_layers: int) -> None:
+    """The drafter must share the target's hidden size and vocabulary, and read real layers."""
+    where = str(conf.path / "config.json")
+    if conf.hidden_size != target_hidden:
+        raise DrafterConfigError(f"{where}: field 'hidden_size' is {conf.hidden_size} but the "
+                                 f"target's is {target_hidden}")
+    if conf.vocab_size != target_vocab:
+        raise DrafterConfigError(f"{where}: field 'vocab_size' is {conf.vocab_size} but the "
+                                 f"target's is {target_vocab}")
+    bad = [i for i in conf.target_layer_ids if not 0 <= i < target_layers]
+    if bad:
+        raise DrafterConfigError(f"{where}: dflash_config.target_layer_ids {bad} out of range "
+                                 f"for a target with {target_layers} layers")
+
+
+def load_draft_weights(conf: DraftConfig, device: str = "cpu") -> dict:
+    """Load the safetensors weights and check names, shapes and finiteness."""
+    import torch
+    from safetensors.torch import load_file
+
+    files = sorted(conf.path.glob("*.safetensors"))
+    pickles = sorted(p.name for p in conf.path.iterdir()
+                     if p.suffix in (".bin", ".pt", ".pth", ".pkl", ".ckpt"))
+    if not files:
+        extra = f" (found {', '.join(pickles)}: pickle weights are refused)" if pickles else ""
+        raise DrafterConfigError(f"{conf.path}: no *.safetensors weights{extra}")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            weights.update(load_file(str(f), device=device))
+        except Exception as exc:
+            raise DrafterConfigError(f"{f}: unreadable safetensors ({exc})") from exc
+    for name, shape in conf.expected_shapes().items():
+        if name not in weights:
+            raise DrafterConfigError(f"{conf.path}: missing weight '{name}'")
+        if tuple(weights[name].shape) != shape:
+            raise DrafterConfigError(f"{conf.path}: weight '{name}' has shape "
+                                     f"{tuple(weights[name].shape)}, expected {shape}")
+        if not torch.isfinite(weights[name]).all():
+            raise DrafterConfigError(f"{conf.path}: weight '{name}' has NaN/inf values")
+    return weights

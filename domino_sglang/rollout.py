@@ -1,0 +1,118 @@
+"""The Domino head rollout: turn the backbone's block states into a causal chain of draft tokens.
+
+Terms and shapes (bs requests, block size B, hidden H, GRU width G, vocabulary V):
+
+    z        [bs, B, H]   backbone output for the block [x_t, MASK x (B-1)]; with shift_label,
+                          z[:, i] predicts x_{t+i+1}, so z[:, :B-1] yields the B-1 proposals
+    base     [bs, B-1, V] base logits lm_head(z[:, i])
+    s_i      [bs, G]      GRU state after consuming embed(x_t), embed(d_1), ..., embed(d_i)
+    logits_i = base_i + W2 silu(W1 [z_i ; s_i])     for i >= 1; logits_0 = base_0
+    d_1 = pick(logits_0), d_{i+1} = pick(logits_i)
+
+The loop is sequential over the B-1 positions and parallel over requests, with static shapes and
+no host synchronisation (CUDA-graph friendly). `pick` is argmax (greedy) here; the sampled
+rollout (lossless sampling) lives in `sampling.py` and reuses `head_step`.
+
+Candidate pool (upstream's speed-up): score the head only over K block-shared candidates, the
+top-K of max_i base_i; K = 0 means the full vocabulary. Draft-side approximation only:
+verification stays exact either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def gru_step(gru: nn.GRU, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """One bias-free GRU step (PyTorch's gate order r, z, n). x [bs, H], h [bs, G] -> [bs, G]."""
+    gi = F.linear(x, gru.weight_ih_l0)  # [bs, 3G]
+    gh = F.linear(h, gru.weight_hh_l0)  # [bs, 3G]
+    i_r, i_z, i_n = gi.chunk(3, dim=-1)
+    h_r, h_z, h_n = gh.chunk(3, dim=-1)
+    r = torch.sigmoid(i_r + h_r)
+    u = torch.sigmoid(i_z + h_z)
+    n = torch.tanh(i_n + r * h_n)
+    return (1 - u) * n + u * h
+
+
+@dataclass
+class HeadParams:
+    """What the rollout needs from the drafter and the target (shared, never copied)."""
+
+    embed: nn.Module  # target token embedding, ids -> [.., H]
+    lm_head_weight: torch.Tensor  # [V, H], the target's
+    prefix_gru: nn.GRU
+    embed_proj: nn.Sequential  # Linear(H+G -> E), SiLU, Linear(E -> V)
+
+
+@dataclass
+class Candidates:
+    """Block-shared candidate pool: ids [bs, K], base [bs, B-1, K], out_weight [bs, K, E]."""
+
+    ids: torch.Tensor
+    base: torch.Tensor
+    out_weight: torch.Tensor
+
+
+def make_candidates(base: torch.Tensor, head: HeadParams, k: int) -> Candidates | None:
+    """Top-K pool over positions 1.. of the base logits (position 0 never uses the head)."""
+    if k <= 0 or base.shape[1] < 2:
+        return None
+    k = min(k, base.shape[-1])
+    ids = torch.topk(base[:, 1:].amax(dim=1), k=k, dim=-1, sorted=False).indices  # [bs, K]
+    pool_base = torch.gather(base, 2, ids[:, None, :].expand(-1, base.shape[1], -1))
+    out_weight = F.embedding(ids, head.embed_proj[2].weight)  # [bs, K, E]
+    return Candidates(ids=ids, base=pool_base, out_weight=out_weight)
+
+
+def head_step(head: HeadParams, z_i: torch.Tensor, s: torch.Tensor, base_i: torch.Tensor,
+              cand: Candidates | None, i: int) -> torch.Tensor:
+    """Corrected logits of position i (>= 1): base_i + W2 silu(W1 [z_i ; s]).
+
+    Returns [bs, V] over the vocabulary, or [bs, K] over the candidate pool.
+    """
+    hidden = head.embed_proj[1](head.embed_proj[0](torch.cat((z_i, s), dim=-1)))  # [bs, E]
+    if cand is None:
+        return base_i + head.embed_proj[2](hidden)
+    return cand.base[:, i] + torch.bmm(cand.out_weight, hidden.unsqueeze(-1)).squeeze(-1)
+
+
+def base_logits(z: torch.Tensor, head: HeadParams) -> torch.Tensor:
+    """[bs, B, H] -> [bs, B-1, V] base logits of the B-1 proposal positions (fp32)."""
+    zz = z[:, :-1].to(head.lm_head_weight.dtype)
+    return F.linear(zz, head.lm_head_weight).float()
+
+
+@torch.no_grad()
+def greedy_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams,
+                   candidate_pool: int = 0, use_head: bool = True) -> torch.Tensor:
+    """Greedy chain d_1..d_{B-1} for every request: [bs, B-1] token ids.
+
+    z [bs, B, H], bonus [bs] (the verified token x_t). use_head=False gives the backbone-only
+    (DFlash) chain from the same checkpoint.
+    """
+    base = base_logits(z, head)  # [bs, B-1, V]
+    n = base.shape[1]
+    if not use_head:
+        return base.argmax(dim=-1)
+    cand = make_candidates(base, head, candidate_pool)
+    first = base[:, 0].argmax(dim=-1)  # [bs]
+    proposals = [first]
+    g = head.prefix_gru.hidden_size
+    s = z.new_zeros(z.shape[0], g, dtype=head.prefix_gru.weight_hh_l0.dtype)
+    gdtype = s.dtype
+    s = gru_step(head.prefix_gru, head.embed(bonus).to(gdtype), s)
+    s = gru_step(head.prefix_gru, head.embed(first).to(gdtype), s)
+    zh = z.to(gdtype)
+    for i in range(1, n):
+        logits = head_step(head, zh[:, i], s, base[:, i].to(gdtype), cand, i)
+        pick = logits.argmax(dim=-1)
+        nxt = pick if cand is None else torch.gather(cand.ids, 1, pick[:, None]).squeeze(1)
+        proposals.append(nxt)
+        if i + 1 < n:
+            s = gru_step(head.prefix_gru, head.embed(nxt).to(gdtype), s)
+    return torch.stack(proposals, dim=1)
