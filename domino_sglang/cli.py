@@ -87,6 +87,34 @@ def cmd_prepare_target(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_init_drafter(args: argparse.Namespace) -> int:
+    import json
+
+    from domino_sglang.config import (
+        DrafterConfigError,
+        load_draft_config,
+        make_draft_config,
+    )
+    from domino_sglang.model import init_drafter_weights, save_drafter
+
+    target_cfg_path = Path(args.target) / "config.json"
+    if not target_cfg_path.is_file():
+        _fail(f"init-drafter: {target_cfg_path} not found (TARGET must be a checkpoint folder)")
+    cfg = make_draft_config(json.loads(target_cfg_path.read_text()), num_layers=args.layers,
+                            block_size=args.block_size, num_features=args.num_features,
+                            gru_hidden_dim=args.gru_hidden_dim, emb_dim=args.emb_dim)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)  # validate the config before writing weights
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    try:
+        conf = load_draft_config(out)
+    except DrafterConfigError as exc:
+        _fail(f"init-drafter: {exc}")
+    save_drafter(out, cfg, init_drafter_weights(conf, seed=args.seed))
+    print(out)
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     if args.model_path is None:
         from domino_sglang.target import TargetError, prepare_target
@@ -122,6 +150,17 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
     p.add_argument("--force", action="store_true", help="rebuild even if present")
 
+    d = sub.add_parser("init-drafter", help="write a randomly initialised Domino drafter")
+    d.add_argument("target", type=Path, help="target checkpoint folder (its config.json)")
+    d.add_argument("out", type=Path)
+    d.add_argument("--layers", type=int, default=2, help="draft decoder layers (default 2)")
+    d.add_argument("--block-size", type=int, default=16)
+    d.add_argument("--num-features", type=int, default=None,
+                   help="target layers read (default max(3, layers))")
+    d.add_argument("--gru-hidden-dim", type=int, default=256)
+    d.add_argument("--emb-dim", type=int, default=64)
+    d.add_argument("--seed", type=int, default=0)
+
     s = sub.add_parser(
         "serve", help="launch the SGLang server (extra SGLang flags after `--`)",
     )
@@ -151,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_prepare_target(args)
     if args.command == "serve":
         return cmd_serve(args, extra)
+    if args.command == "init-drafter":
+        return cmd_init_drafter(args)
     return 2
 
 

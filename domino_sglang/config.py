@@ -219,3 +219,50 @@ def load_draft_weights(conf: DraftConfig, device: str = "cpu") -> dict:
         if not torch.isfinite(weights[name]).all():
             raise DrafterConfigError(f"{conf.path}: weight '{name}' has NaN/inf values")
     return weights
+
+
+def spread_layer_ids(num_target_layers: int, count: int) -> list[int]:
+    """`count` target layers spread evenly from layer 1 to L-3 (the middle one if count is 1)."""
+    if count == 1:
+        return [num_target_layers // 2]
+    lo, hi = 1, max(1, num_target_layers - 3)
+    return sorted({round(lo + (hi - lo) * k / (count - 1)) for k in range(count)})
+
+
+def make_draft_config(target_cfg: dict, num_layers: int = 2, block_size: int = 16,
+                      num_features: int | None = None, gru_hidden_dim: int = 256,
+                      emb_dim: int = 64, mask_token_id: int | None = None) -> dict:
+    """A fresh drafter config.json (upstream layout) sized for a target's config.json."""
+    hidden = target_cfg["hidden_size"]
+    heads = target_cfg["num_attention_heads"]
+    vocab = target_cfg["vocab_size"]
+    count = num_features or max(3, num_layers)
+    layer_ids = spread_layer_ids(target_cfg["num_hidden_layers"], count)
+    rope = target_cfg.get("rope_parameters") or {}
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "qwen3",
+        "block_size": block_size,
+        "hidden_size": hidden,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": target_cfg.get("num_key_value_heads", heads),
+        "head_dim": target_cfg.get("head_dim", hidden // heads),
+        "intermediate_size": target_cfg["intermediate_size"],
+        "rms_norm_eps": float(target_cfg.get("rms_norm_eps", 1e-6)),
+        "rope_theta": float(target_cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        "max_position_embeddings": target_cfg.get("max_position_embeddings", 8192),
+        "vocab_size": vocab,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "dflash_config": {
+            "target_layer_ids": layer_ids,
+            # A token the chat never produces; SmolLM2's <|endoftext|> (0) by default.
+            "mask_token_id": 0 if mask_token_id is None else mask_token_id,
+            "projector_type": "domino",
+            "shift_label": True,
+            "pure_draft_prefix_len": 1,
+            "gru_hidden_dim": gru_hidden_dim,
+            "emb_dim": emb_dim,
+        },
+    }
