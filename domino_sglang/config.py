@@ -115,6 +115,13 @@ def load_draft_config(path: str | Path, block_size: int | None = None) -> DraftC
         cfg = json.loads((path / "config.json").read_text())
     except json.JSONDecodeError as exc:
         raise DrafterConfigError(f"{where}: invalid JSON ({exc})") from exc
+    return parse_draft_config(cfg, path, block_size)
+
+
+def parse_draft_config(cfg: dict, path: str | Path, block_size: int | None = None) -> DraftConfig:
+    """Validate a drafter config dict (the contents of `path/config.json`)."""
+    path = Path(path)
+    where = str(path / "config.json")
     if cfg.get("architectures") != [ARCHITECTURE]:
         raise DrafterConfigError(
             f"{where}: field 'architectures' must be [\"{ARCHITECTURE}\"], got "

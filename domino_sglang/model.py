@@ -197,3 +197,55 @@ def save_drafter(out, config: dict, state: dict, dtype: torch.dtype = torch.bflo
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sglang_draft_model_class() -> type:
+    """The drafter as an SGLang model class (built lazily: SGLang is imported only here).
+
+    SGLang's model loader constructs it from the draft config and feeds it the checkpoint's
+    (name, tensor) pairs; the worker passes the target's embeddings of the block as
+    `input_embeds`. Attention goes through `RadixAttention` (ENCODER_ONLY = non-causal inside
+    the block) over the draft KV pool, so it runs on whatever backend SGLang picked.
+    """
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.layers.radix_attention import AttentionType, RadixAttention
+
+    from domino_sglang.config import parse_draft_config
+
+    class DominoDraftModel(nn.Module):
+        def __init__(self, config, quant_config=None, prefix: str = "") -> None:
+            super().__init__()
+            self.conf = parse_draft_config(config.to_dict(),
+                                           getattr(config, "_name_or_path", "drafter"))
+            c = self.conf
+            self.drafter = DominoDrafter(c)
+            self.attn = nn.ModuleList(
+                RadixAttention(c.num_heads, c.head_dim, c.head_dim ** -0.5, c.num_kv_heads,
+                               layer_id=i, attn_type=AttentionType.ENCODER_ONLY,
+                               prefix=f"{prefix}attn.{i}")
+                for i in range(c.num_layers)
+            )
+
+        @torch.no_grad()
+        def forward(self, input_ids, positions, forward_batch, input_embeds=None, **kwargs):
+            def attend(i: int, q, k, v):
+                t = q.shape[0]
+                out = self.attn[i](q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1),
+                                   forward_batch)
+                return out.view(t, self.conf.num_heads, self.conf.head_dim)
+
+            z = self.drafter.backbone(input_embeds, positions, attend)  # [T, H]
+            return LogitsProcessorOutput(next_token_logits=None, hidden_states=z)
+
+        def load_weights(self, weights) -> None:
+            own = self.drafter.state_dict()
+            seen = set()
+            for name, tensor in weights:
+                if name in own:  # extra upstream keys (if any) are not ours to use
+                    own[name].copy_(tensor.to(own[name].dtype))
+                    seen.add(name)
+            missing = sorted(set(own) - seen)
+            if missing:
+                raise ValueError(f"drafter checkpoint lacks weights: {missing[:4]}")
+
+    return DominoDraftModel

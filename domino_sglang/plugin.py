@@ -17,8 +17,10 @@ def register() -> None:
     global _registered
     if _registered:
         return
+    from domino_sglang.algorithm import register_algorithm
     from domino_sglang.cpu.attention import register_backend
 
     register_backend()
+    register_algorithm()
     _registered = True
     logger.debug("domino_sglang registered")

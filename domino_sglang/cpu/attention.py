@@ -234,7 +234,7 @@ def _make_backend_class():
                 )
             if save_kv_cache and k is not None:
                 self.token_to_kv_pool.set_kv_buffer(
-                    layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v
+                    layer, KVWriteLoc.for_batch(forward_batch), k, v
                 )
             plan = self.forward_metadata
             non_causal = layer.attn_type == AttentionType.ENCODER_ONLY

@@ -1,0 +1,149 @@
+"""The DOMINO speculative algorithm as SGLang sees it: capabilities, server-argument resolution.
+
+Registered through `SpeculativeAlgorithm.register("DOMINO", spec_class=DominoSpec)`, so
+`--speculative-algorithm DOMINO` works on the stock server. `DominoSpec` fills the 0.5.23 gap of
+`CustomSpecAlgo` (methods the scheduler calls unconditionally) and resolves its own defaults,
+each logged once at start-up.
+
+Impersonation, in this one place: `is_dflash_family()` returns True. SGLang keys the plumbing a
+parallel block drafter needs on that predicate rather than on capabilities: capture of the target
+layers named by the draft config (`spec_aux_hidden_state.py`), draft KV-pool sizing
+(`kv_cache_configurator.py`, `pool_configurator.py`), verify-slot reservation through
+`DFlashDraftInputV2.prepare_for_decode` (`spec_utils.py`) and the per-request checks. `is_dflash()`
+stays False, so SGLang's own DFLASH worker and argument handler are never used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+NAME = "DOMINO"
+MAX_RUNNING_DEFAULT = 48
+CPU_BACKEND = "domino_cpu"
+
+
+class DominoArgsError(ValueError):
+    """An invalid DOMINO server configuration (one line, names the flag)."""
+
+
+def _spec_class():
+    import torch
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+    class DominoSpec(CustomSpecAlgo):
+        # -- capabilities (see module docstring for the one impersonation) --
+        def is_dflash_family(self) -> bool:
+            return True
+
+        def supports_target_verify_for_draft(self) -> bool:
+            return True  # the drafter's block forward runs in TARGET_VERIFY mode
+
+        def supports_prefill_shared_read_done(self) -> bool:
+            return True
+
+        def need_topk(self) -> bool:
+            return False  # a single chain, no tree
+
+        def carries_draft_hidden_states(self) -> bool:
+            return False
+
+        def get_platform_worker_cls(self):
+            return None
+
+        def create_future_map(self, device: torch.device, req_to_token_pool,
+                              needs_cpu_seq_lens: bool = True,
+                              needs_confidence_relay: bool = False):
+            from sglang.srt.managers.overlap_utils import FutureMap
+
+            return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens,
+                             needs_confidence_relay)
+
+        def handle_server_args(self, server_args) -> None:
+            resolve_server_args(server_args)
+
+    return DominoSpec
+
+
+def _set(server_args, field: str, value, why: str) -> None:
+    old = getattr(server_args, field, None)
+    if old != value:
+        setattr(server_args, field, value)
+        logger.info("DOMINO sets %s=%r (was %r): %s", field, value, old, why)
+
+
+def resolve_server_args(server_args) -> None:
+    """Validate and complete the server arguments for DOMINO (steps=1, topk=1, B from config)."""
+    from domino_sglang.config import DrafterConfigError, load_draft_config
+
+    path = server_args.speculative_draft_model_path
+    if not path:
+        raise DominoArgsError("DOMINO needs --speculative-draft-model-path (a Domino drafter)")
+    if int(getattr(server_args, "pp_size", 1) or 1) != 1:
+        raise DominoArgsError("DOMINO does not support pipeline parallelism (--pp-size must be 1)")
+    topk = server_args.speculative_eagle_topk
+    if topk is not None and int(topk) != 1:
+        raise DominoArgsError(f"DOMINO verifies a single chain: --speculative-eagle-topk must be "
+                              f"1, got {topk}")
+    flag_block = server_args.speculative_num_draft_tokens
+    try:
+        conf = load_draft_config(path, int(flag_block) if flag_block is not None else None)
+    except DrafterConfigError as exc:
+        raise DominoArgsError(str(exc)) from exc
+    _set(server_args, "speculative_num_steps", 1, "one parallel draft pass per round")
+    _set(server_args, "speculative_eagle_topk", 1, "chain verification")
+    _set(server_args, "speculative_num_draft_tokens", conf.block_size,
+         "block size " + ("from the flag" if flag_block is not None else "from the draft config"))
+    if server_args.max_running_requests is None:
+        _set(server_args, "max_running_requests", MAX_RUNNING_DEFAULT,
+             "running-request default with speculation (override with --max-running-requests)")
+    if not server_args.disable_overlap_schedule:
+        _set(server_args, "disable_overlap_schedule", True,
+             "the DOMINO worker runs each round synchronously (no overlap scheduling yet)")
+    device = str(server_args.device or "cuda")
+    if device == "cpu":
+        if server_args.speculative_draft_attention_backend is None:
+            _set(server_args, "speculative_draft_attention_backend", CPU_BACKEND,
+                 "the drafter's non-causal block needs a verify-capable CPU backend")
+    elif server_args.speculative_draft_attention_backend is None:
+        backend = server_args.attention_backend or "flashinfer"
+        _set(server_args, "speculative_draft_attention_backend", backend,
+             "the drafter runs on the target's attention backend")
+
+
+_registered = False
+
+
+def register_algorithm() -> None:
+    """Register DOMINO with SGLang's speculative registry (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import get_spec
+
+    if get_spec(NAME) is None:
+        def factory(server_args):
+            from domino_sglang.worker import DominoWorker
+
+            return DominoWorker
+
+        SpeculativeAlgorithm.register(NAME, supports_overlap=False,
+                                      spec_class=_spec_class())(factory)
+    _registered = True
+
+
+def candidate_pool_from_env(default: int) -> int:
+    """Head candidate-pool size: env DOMINO_CANDIDATE_POOL overrides the draft config."""
+    raw = os.environ.get("DOMINO_CANDIDATE_POOL")
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise DominoArgsError(f"DOMINO_CANDIDATE_POOL must be an integer, got {raw!r}") from exc
+    if value < 0:
+        raise DominoArgsError(f"DOMINO_CANDIDATE_POOL must be >= 0, got {value}")
+    return value
