@@ -1,0 +1,65 @@
+"""Test drafters for the real SmolLM2 target: random (from init-drafter) and a constructed
+"repeat the last token" drafter whose acceptance is predictable.
+
+The repeat drafter (every value set by hand, justified line by line):
+  - draft layers add nothing (o_proj = down_proj = 0), final norm weight 1, so
+    z_i = RMSNorm(embed(block_i)); position 0 (pure base logits) proposes
+    argmax_v <E_v, RMSNorm(E_{x_t})>, which is x_t itself for tokens like " cat" (checked in the
+    test: tied embeddings make many tokens their own nearest neighbour);
+  - the GRU keeps a running average of the embeddings it consumes: r and u gates at 0.5
+    (W_ir = W_hr = W_iz = W_hz = 0), W_hn = 0, W_in = a I, so after consuming x_t, d_1..d_i (all
+    equal to x) the state is s = c tanh(a E_x), nearly proportional to E_x;
+  - the head reads s only: embed_proj.0 = [[0, I], [0, -I]], SiLU, embed_proj.2 = beta [E, -E],
+    so the correction is beta E (silu(s) - silu(-s)) = beta E s, whose argmax is x again, and
+    beta makes it dominate the MASK position's base logits.
+So on a prompt whose greedy continuation repeats " cat", every draft is accepted (tau -> B);
+elsewhere it is wrong almost always. Verification must stay lossless either way.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from domino_sglang.config import load_draft_config, make_draft_config
+from domino_sglang.model import init_drafter_weights, save_drafter
+
+
+def _target(target_dir: Path) -> tuple[dict, torch.Tensor]:
+    cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    embed = load_file(str(Path(target_dir) / "model.safetensors"))["model.embed_tokens.weight"]
+    return cfg, embed.float()
+
+
+def make_random_drafter(target_dir: Path, out: Path, block_size: int = 16, seed: int = 0) -> Path:
+    cfg, _ = _target(target_dir)
+    conf_dict = make_draft_config(cfg, num_layers=2, block_size=block_size)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(conf_dict))
+    save_drafter(out, conf_dict, init_drafter_weights(load_draft_config(out), seed=seed))
+    return out
+
+
+def make_repeat_drafter(target_dir: Path, out: Path, block_size: int = 4) -> Path:
+    cfg, embed = _target(target_dir)  # embed [V, H]
+    h = cfg["hidden_size"]
+    conf_dict = make_draft_config(cfg, num_layers=1, block_size=block_size, gru_hidden_dim=h,
+                                  emb_dim=2 * h)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(conf_dict))
+    w = init_drafter_weights(load_draft_config(out), seed=0)
+    w["layers.0.self_attn.o_proj.weight"].zero_()
+    w["layers.0.mlp.down_proj.weight"].zero_()
+    a = 1.0 / float(embed.abs().max())
+    w["prefix_gru.weight_ih_l0"] = torch.cat([torch.zeros(2 * h, h), a * torch.eye(h)])
+    w["prefix_gru.weight_hh_l0"] = torch.zeros(3 * h, h)
+    eye = torch.eye(h)
+    w["embed_proj.0.weight"] = torch.cat([torch.cat([torch.zeros(h, h), eye], 1),
+                                          torch.cat([torch.zeros(h, h), -eye], 1)])
+    beta = 1e3
+    w["embed_proj.2.weight"] = beta * torch.cat([embed, -embed], 1)
+    save_drafter(out, conf_dict, w, dtype=torch.float32)
+    return out

@@ -1,0 +1,77 @@
+"""DOMINO server-argument resolution (no server): defaults, flags, refusals, the GPU path."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from domino_sglang import cli
+from domino_sglang.algorithm import DominoArgsError, resolve_server_args
+from tests.drafters import make_random_drafter
+
+
+@pytest.fixture(scope="module")
+def drafter(target_path, tmp_path_factory):
+    return make_random_drafter(target_path, tmp_path_factory.mktemp("d") / "rand16", 16)
+
+
+def args(drafter, **kw):
+    base = dict(speculative_draft_model_path=str(drafter), pp_size=1, speculative_eagle_topk=None,
+                speculative_num_draft_tokens=None, speculative_num_steps=None,
+                max_running_requests=None, device="cpu", attention_backend="domino_cpu",
+                speculative_draft_attention_backend=None, disable_overlap_schedule=False,
+                cuda_graph_max_bs=None)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_cpu_defaults(drafter, caplog):
+    a = args(drafter)
+    with caplog.at_level("INFO", logger="domino_sglang.algorithm"):
+        resolve_server_args(a)
+    assert (a.speculative_num_steps, a.speculative_eagle_topk) == (1, 1)
+    assert a.speculative_num_draft_tokens == 16  # from the draft config
+    assert a.max_running_requests == 48
+    assert a.speculative_draft_attention_backend == "domino_cpu"
+    assert a.disable_overlap_schedule is True
+    logged = caplog.text
+    for field in ("speculative_num_draft_tokens=16", "max_running_requests=48",
+                  "speculative_draft_attention_backend='domino_cpu'"):
+        assert field in logged  # every default we change is logged
+
+
+def test_flag_block_size_wins_and_user_values_stay(drafter):
+    a = args(drafter, speculative_num_draft_tokens=4, max_running_requests=8)
+    resolve_server_args(a)
+    assert a.speculative_num_draft_tokens == 4 and a.max_running_requests == 8
+
+
+def test_gpu_path_uses_flashinfer_and_keeps_cuda_graphs(drafter, monkeypatch, target_path):
+    a = args(drafter, device="cuda", attention_backend="flashinfer")
+    resolve_server_args(a)
+    assert a.speculative_draft_attention_backend == "flashinfer"
+    assert a.cuda_graph_max_bs is None  # nothing here turns CUDA graphs off
+    monkeypatch.setattr(cli, "_cuda_available", lambda: True)
+    ns = cli.make_parser().parse_args(["serve", "--model-path", str(target_path)])
+    cmd, env = cli.build_serve_command(ns, [])
+    assert cmd[cmd.index("--attention-backend") + 1] == "flashinfer"
+    assert "SGLANG_USE_CPU_ENGINE" not in env and "--disable-cuda-graph" not in cmd
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"speculative_num_draft_tokens": 1}, "block size must be in [2, 64], got 1"),
+    ({"speculative_num_draft_tokens": 65}, "block size must be in [2, 64], got 65"),
+    ({"speculative_eagle_topk": 4}, "--speculative-eagle-topk must be 1, got 4"),
+    ({"pp_size": 2}, "does not support pipeline parallelism"),
+    ({"speculative_draft_model_path": None}, "needs --speculative-draft-model-path"),
+])
+def test_invalid_combinations(drafter, kw, message):
+    with pytest.raises(DominoArgsError) as exc:
+        resolve_server_args(args(drafter, **kw))
+    assert message in str(exc.value)
+
+
+def test_not_a_domino_drafter(target_path):
+    with pytest.raises(DominoArgsError, match="field 'architectures'"):
+        resolve_server_args(args(target_path))  # the target itself is no drafter
