@@ -53,6 +53,9 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
         "--enable-metrics",
     ]
     env: dict[str, str] = {}
+    drafter = None if args.no_speculation else (args.drafter or _default_drafter())
+    if drafter is not None and not _has_flag(extra, "--speculative-algorithm"):
+        cmd += ["--speculative-algorithm", "DOMINO", "--speculative-draft-model-path", str(drafter)]
     device = args.device or ("cuda" if _cuda_available() else "cpu")
     if device == "cpu":
         # SGLang's CPU path keys off SGLANG_USE_CPU_ENGINE; our .pth hook then provides the
@@ -70,6 +73,12 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
         if args.dtype:
             cmd += ["--dtype", args.dtype]
     return cmd + extra, env
+
+
+def _default_drafter() -> Path | None:
+    """The drafter shipped in the package for the default target, if this build has one."""
+    path = paths.shipped_drafter_dir()
+    return path if (path / "config.json").is_file() else None
 
 
 def _has_flag(argv: list[str], flag: str) -> bool:
@@ -125,6 +134,13 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
             _fail(f"serve: {exc}")
     elif not Path(args.model_path).exists():
         _fail(f"serve: --model-path {args.model_path} does not exist")
+    if args.drafter is not None and not args.no_speculation:
+        from domino_sglang.config import DrafterConfigError, load_draft_config
+
+        try:
+            load_draft_config(args.drafter)
+        except DrafterConfigError as exc:
+            _fail(f"serve: {exc}")
     if _port_in_use(args.host, args.port):
         _fail(f"serve: port {args.port} on {args.host} is already in use; choose another --port")
     cmd, env = build_serve_command(args, extra)
@@ -169,6 +185,8 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--model-path", type=Path, default=None,
                    help=f"default: the prepared {paths.DEFAULT_TARGET_NAME}")
     s.add_argument("--no-speculation", action="store_true", help="plain decoding")
+    s.add_argument("--drafter", type=Path, default=None,
+                   help="Domino drafter folder (default: the shipped one, if any)")
     s.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: auto")
     s.add_argument("--dtype", default=None, help="model dtype (CPU default bfloat16)")
     s.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),

@@ -15,8 +15,10 @@ Private SGLang internals used here (pinned to sglang==0.5.23): the four above, `
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.model_executor.forward_batch_info import (
@@ -65,7 +67,8 @@ class DominoWorker(BaseSpecWorker):
         load_draft_weights(conf)
         self.conf = conf
         self.candidate_pool = candidate_pool_from_env(conf.candidate_pool)
-        self.use_head = True  # False = backbone only (the DFlash baseline, same checkpoint)
+        # DOMINO_HEAD=0: backbone only, i.e. the DFlash baseline from the same checkpoint.
+        self.use_head = os.environ.get("DOMINO_HEAD", "1") != "0"
 
         # The draft config names SGLang's DFlashDraftModel; in this (scheduler) process, and only
         # when DOMINO was chosen, that architecture resolves to our drafter class.
@@ -84,9 +87,9 @@ class DominoWorker(BaseSpecWorker):
         self.embed = target_model.model.embed_tokens  # the target's, shared
         self.head = self.draft_model.drafter.head(self.embed, target_model.lm_head.weight)
         self._block_offsets = torch.arange(self.block_size, device=self.device)
-        logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s",
+        logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s",
                     self.block_size, conf.num_layers, list(conf.target_layer_ids),
-                    self.candidate_pool or "full vocabulary")
+                    self.candidate_pool or "full vocabulary", "on" if self.use_head else "OFF")
 
     # ---- lifecycle hooks called by the scheduler ----
     @property
@@ -171,6 +174,8 @@ class DominoWorker(BaseSpecWorker):
         target_choice = logits_output.next_token_logits.argmax(dim=-1).view(bs, block)
         tokens, accept_lens = verify_greedy(chain, target_choice)
 
+        if batch.return_logprob:  # logprobs of chain row b*B + j for committed token (b, j)
+            compute_spec_logprobs(batch, logits_output, tokens.reshape(-1), chain_stride=block)
         new_seq_lens = prefix_lens + accept_lens.to(prefix_lens.dtype)
         if on_publish is not None:
             on_publish(new_seq_lens)

@@ -117,10 +117,26 @@ def test_constructed_drafter_is_accepted_and_counted(target_path, tmp_path, ar_s
     drafter = make_repeat_drafter(target_path, tmp_path / "repeat4", block_size=4)
     with _domino("domino-repeat", drafter) as server:
         out = generate(server, ids, 40)
+        # max_tokens inside an accepted block: exactly 10 tokens, though rounds commit 4 at a time
+        cut = generate(server, ids, 10)
+        # a stop string inside an accepted block: nothing after it is returned
+        stopped = requests.post(f"{server.url}/generate", json={"input_ids": ids,
+                                "sampling_params": {"temperature": 0, "max_new_tokens": 40,
+                                                    "stop": [" cat cat cat"]}}, timeout=600).json()
+        logprobs = requests.post(f"{server.url}/generate", json={"input_ids": ids,
+                                 "return_logprob": True, "sampling_params": {
+                                     "temperature": 0, "max_new_tokens": 12}}, timeout=600).json()
         other = generate(server, tokenizer("Explain photosynthesis briefly.").input_ids, 24)
         other_ref = generate(ar_server_fp32, tokenizer("Explain photosynthesis briefly.").input_ids,
                              24)
     assert out["output_ids"] == ref
+    assert cut["output_ids"] == ref[:10] and cut["meta_info"]["finish_reason"]["type"] == "length"
+    # The stop string completes inside the first accepted 4-token block; nothing from it or
+    # after it comes back, and generation ends there.
+    assert stopped["text"] == "" and stopped["meta_info"]["finish_reason"]["type"] == "stop"
+    assert stopped["meta_info"]["completion_tokens"] <= 4
+    lp = logprobs["meta_info"]["output_token_logprobs"]
+    assert [t for _, t, _ in lp] == ref[:12] and all(v <= 0 for v, _, _ in lp)
     assert other["output_ids"] == other_ref["output_ids"]
     meta = out["meta_info"]
     tau = meta["completion_tokens"] / meta["spec_verify_ct"]
