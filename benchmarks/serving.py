@@ -29,10 +29,26 @@ from domino_sglang.local_server import start_server  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-# Method name -> `domino-sglang serve` flags.
+# Method name -> `domino-sglang serve` flags ({drafter} is filled from --drafter).
 METHODS: dict[str, list[str]] = {
     "ar": ["--no-speculation"],
+    "domino": ["--drafter", "{drafter}"],
 }
+METHOD_ENV: dict[str, dict[str, str]] = {}
+
+
+def resolve_drafter(spec: str | None, block_size: int) -> str | None:
+    """`random` builds a randomly initialised drafter (the pure-overhead floor)."""
+    if spec != "random":
+        return spec
+    import tempfile
+
+    from domino_sglang import cli
+    from domino_sglang.paths import target_dir
+
+    out = Path(tempfile.mkdtemp(prefix="domino-random-")) / "drafter"
+    cli.main(["init-drafter", str(target_dir()), str(out), "--block-size", str(block_size)])
+    return str(out)
 
 
 def mixed_prompts(n: int) -> list[str]:
@@ -53,7 +69,7 @@ def one_request(url: str, prompt: str, max_tokens: int) -> dict:
         "stream_options": {"include_usage": True},
     }
     start = time.perf_counter()
-    arrivals, tokens = [], 0
+    arrivals, tokens, pieces = [], 0, []
     with requests.post(f"{url}/v1/chat/completions", json=body, stream=True, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -64,21 +80,39 @@ def one_request(url: str, prompt: str, max_tokens: int) -> dict:
                 tokens = chunk["usage"]["completion_tokens"]
             if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
                 arrivals.append(time.perf_counter())
+                pieces.append(chunk["choices"][0]["delta"]["content"])
     if not arrivals:
         raise RuntimeError("no content streamed")
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     return {"tokens": tokens, "ttft": arrivals[0] - start, "gaps": gaps,
-            "latency": arrivals[-1] - start}
+            "latency": arrivals[-1] - start, "text": "".join(pieces)}
+
+
+def counters(url: str) -> dict[str, float]:
+    """Sum of each `sglang:` counter over its label sets, from /metrics."""
+    out: dict[str, float] = {}
+    for line in requests.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("sglang:") and "_total" in line.split(" ")[0]:
+            name = line.split("{")[0].split(" ")[0]
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def run_point(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
+    before = counters(url)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(lambda p: one_request(url, p, max_tokens), prompts))
     wall = time.perf_counter() - t0
     tokens = sum(r["tokens"] for r in results)
     gaps = [g for r in results for g in r["gaps"]]
+    after = counters(url)
+    rounds = after.get("sglang:spec_verify_calls_total", 0) - before.get(
+        "sglang:spec_verify_calls_total", 0)
     return {
+        # tau = committed tokens per verify round (bonus included); only for speculative servers
+        "tau": round(tokens / rounds, 3) if rounds > 0 else None,
+        "texts": [r["text"] for r in results],
         "concurrency": concurrency,
         "requests": len(results),
         "output_tokens": tokens,
@@ -97,13 +131,19 @@ def main() -> None:
     ap.add_argument("--requests-per-level", type=int, default=0,
                     help="requests per concurrency level (default: max(8, 2 x concurrency))")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the server")
+    ap.add_argument("--drafter", default=None, help="drafter folder for `domino`, or `random`")
+    ap.add_argument("--block-size", type=int, default=16, help="block size of a random drafter")
+    ap.add_argument("--dtype", default="bfloat16", help="server dtype (bfloat16 or float32)")
     ap.add_argument("--out", default="serving", help="result file stem under benchmarks/results/")
     args = ap.parse_args()
 
     prov = provenance.collect()
+    drafter = resolve_drafter(args.drafter, args.block_size)
     rows = []
     for method in args.methods:
-        with start_server(f"bench-{method}", METHODS[method], threads=args.threads) as server:
+        flags = [f.format(drafter=drafter) for f in METHODS[method]] + ["--dtype", args.dtype]
+        with start_server(f"bench-{method}", flags, threads=args.threads,
+                          env=METHOD_ENV.get(method)) as server:
             one_request(server.url, "Hello!", 8)  # warm-up
             for c in args.concurrency:
                 n = args.requests_per_level or max(8, 2 * c)
@@ -112,22 +152,31 @@ def main() -> None:
                 rows.append(point)
                 print(json.dumps(point), flush=True)
 
-    base = {r["concurrency"]: r["output_tok_s"] for r in rows if r["method"] == "ar"}
+    base = {r["concurrency"]: r for r in rows if r["method"] == "ar"}
     for r in rows:
-        if r["concurrency"] in base:
-            r["speedup_vs_ar"] = round(r["output_tok_s"] / base[r["concurrency"]], 3)
+        ar = base.get(r["concurrency"])
+        if ar is not None:
+            r["speedup_vs_ar"] = round(r["output_tok_s"] / ar["output_tok_s"], 3)
+            # greedy outputs identical to plain decoding (bf16 can flip near-tied argmaxes)
+            same = sum(a == b for a, b in zip(r["texts"], ar["texts"]))
+            r["same_output_as_ar"] = f"{same}/{len(ar['texts'])}"
+    for r in rows:
+        r.pop("texts")
 
     RESULTS.mkdir(exist_ok=True)
-    out = {"provenance": prov, "max_tokens": args.max_tokens, "rows": rows}
+    out = {"provenance": prov, "max_tokens": args.max_tokens, "dtype": args.dtype,
+           "drafter": args.drafter, "rows": rows}
     (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=2) + "\n")
-    lines = [f"## Serving throughput ({args.max_tokens} output tokens, greedy, ignore_eos)", "",
+    lines = [f"## Serving throughput ({args.max_tokens} output tokens, greedy, ignore_eos, "
+             f"{args.dtype}, drafter: {args.drafter or '-'})", "",
              provenance.markdown_header(prov), "",
-             "| method | concurrency | requests | output tok/s | speed-up vs AR | TTFT p50 (s) "
-             "| ITL mean (ms) |", "|---|---|---|---|---|---|---|"]
+             "| method | concurrency | requests | output tok/s | speed-up vs AR | tau "
+             "| TTFT p50 (s) | ITL mean (ms) | same output as AR |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['method']} | {r['concurrency']} | {r['requests']} | "
-                     f"{r['output_tok_s']} | {r.get('speedup_vs_ar', '')} | {r['ttft_p50_s']} | "
-                     f"{r['itl_mean_ms']} |")
+                     f"{r['output_tok_s']} | {r.get('speedup_vs_ar', '')} | {r.get('tau', '')} | "
+                     f"{r['ttft_p50_s']} | {r['itl_mean_ms']} | {r.get('same_output_as_ar', '')} |")
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -160,6 +160,7 @@ class DominoWorker(BaseSpecWorker):
         """
         draft_input = batch.spec_info
         bs, block = len(batch.seq_lens), self.block_size
+        self._warn_unsupported(batch)
         prefix_lens = batch.seq_lens  # committed tokens (x_t, the bonus, is not among them)
         chain = torch.full((bs, block), self.conf.mask_token_id, dtype=torch.int64,
                            device=self.device)
@@ -193,6 +194,19 @@ class DominoWorker(BaseSpecWorker):
             speculative_num_draft_tokens=block,
             new_seq_lens=new_seq_lens,
         )
+
+    _warned: set = set()
+
+    def _warn_unsupported(self, batch) -> None:
+        """Sampled and grammar-constrained verification are not implemented yet: say so once."""
+        info = batch.sampling_info
+        if not info.is_all_greedy and "sampling" not in self._warned:
+            self._warned.add("sampling")
+            logger.warning("DOMINO verifies greedily: requests with temperature > 0 get the "
+                           "greedy continuation (exact speculative sampling is not implemented)")
+        if batch.has_grammar and "grammar" not in self._warned:
+            self._warned.add("grammar")
+            logger.warning("DOMINO does not apply grammar masks during verification yet")
 
     # ---- steps of the round ----
     def block_slots(self, batch, prefix_lens: torch.Tensor) -> torch.Tensor:

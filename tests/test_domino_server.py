@@ -41,8 +41,10 @@ def domino_b16(random_drafter):
 
 @pytest.fixture(scope="module")
 def domino_b4(random_drafter):
-    # Same checkpoint, block size from the flag (overrides the config's 16).
-    with _domino("domino-b4", random_drafter, ["--speculative-num-draft-tokens", "4"]) as server:
+    # Same checkpoint, block size from the flag (overrides the config's 16); prompts are
+    # prefilled in chunks of 32 tokens, so chunked prefill feeds the draft KV too.
+    with _domino("domino-b4", random_drafter, ["--speculative-num-draft-tokens", "4",
+                                               "--chunked-prefill-size", "32"]) as server:
         yield server
 
 
@@ -88,6 +90,8 @@ def test_lossless_greedy(request, server_name, chat_ids, reference):
     with ThreadPoolExecutor(8) as pool:
         together = list(pool.map(lambda ids: generate(server, ids), chat_ids))
     assert [r["output_ids"] for r in together] == ref_ids
+    # the second pass reused the radix cache (prompt prefixes computed in the first pass)
+    assert sum(r["meta_info"]["cached_tokens"] for r in together) > 8 * 20
     # concurrency 8, streaming through the OpenAI API
     with ThreadPoolExecutor(8) as pool:
         streamed = list(pool.map(lambda p: stream_chat(server, p), PROMPTS))
