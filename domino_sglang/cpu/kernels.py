@@ -193,6 +193,24 @@ def copy_all_layer_kv_cache_cpu(
 # --------------------------------------------------------------------------------------------
 
 
+def _pool_ranges(
+    req_pool_indices: torch.Tensor,
+    start_offset: torch.Tensor,
+    end_offset: torch.Tensor,
+    pool_len: int,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Pair each req_to_token cell of the ranges [start[i], end[i]) of request i with its
+    position in the packed out_cache_loc: (flat pool index [N], packed index [N]), or None."""
+    bs = int(req_pool_indices.numel())
+    if bs == 0:
+        return None
+    row, col, out_pos = _ragged_ranges(start_offset, end_offset, bs)
+    if row.numel() == 0:
+        return None
+    req = req_pool_indices.reshape(-1).to(_I64)  # [bs]
+    return req[row] * pool_len + col, out_pos
+
+
 def assign_req_to_token_pool_cpu(
     req_pool_indices: torch.Tensor,
     req_to_token: torch.Tensor,
@@ -210,17 +228,13 @@ def assign_req_to_token_pool_cpu(
     out_cache_loc:    [>= sum(end - start)] int64, request i's block follows request i-1's
     pool_len:         row stride of req_to_token (`req_to_token.shape[1]`)
     """
-    bs = int(req_pool_indices.numel())
-    if bs == 0:
+    pairs = _pool_ranges(req_pool_indices, start_offset, end_offset, pool_len)
+    if pairs is None:
         return
-    row, col, out_pos = _ragged_ranges(start_offset, end_offset, bs)
-    if row.numel() == 0:
-        return
-    req = req_pool_indices.reshape(-1).to(_I64)  # [bs]
-    dst = req[row] * pool_len + col  # [N]
+    pool_pos, out_pos = pairs
     values = _flat_in(out_cache_loc).index_select(0, out_pos)  # [N]
     out = _flat_out(req_to_token, "req_to_token")
-    out.index_copy_(0, dst, values.to(out.dtype))
+    out.index_copy_(0, pool_pos, values.to(out.dtype))
 
 
 def assign_extend_cache_locs_cpu(
@@ -243,14 +257,11 @@ def assign_extend_cache_locs_cpu(
     out_cache_loc:    [>= sum(end - start)] int64, contiguous, written in place
     pool_len:         row stride of req_to_token
     """
-    bs = int(req_pool_indices.numel())
-    if bs == 0:
+    pairs = _pool_ranges(req_pool_indices, start_offset, end_offset, pool_len)
+    if pairs is None:
         return
-    row, col, out_pos = _ragged_ranges(start_offset, end_offset, bs)
-    if row.numel() == 0:
-        return
-    req = req_pool_indices.reshape(-1).to(_I64)  # [bs]
-    values = _flat_in(req_to_token).index_select(0, req[row] * pool_len + col)  # [N]
+    pool_pos, out_pos = pairs
+    values = _flat_in(req_to_token).index_select(0, pool_pos)  # [N]
     out = _flat_out(out_cache_loc, "out_cache_loc")
     out.index_copy_(0, out_pos, values.to(out.dtype))
 
