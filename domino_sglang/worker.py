@@ -87,6 +87,7 @@ class DominoWorker(BaseSpecWorker):
         self.embed = target_model.model.embed_tokens  # the target's, shared
         self.head = self.draft_model.drafter.head(self.embed, target_model.lm_head.weight)
         self._block_offsets = torch.arange(self.block_size, device=self.device)
+        self._warned: set[str] = set()
         logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s",
                     self.block_size, conf.num_layers, list(conf.target_layer_ids),
                     self.candidate_pool or "full vocabulary", "on" if self.use_head else "OFF")
@@ -194,8 +195,6 @@ class DominoWorker(BaseSpecWorker):
             speculative_num_draft_tokens=block,
             new_seq_lens=new_seq_lens,
         )
-
-    _warned: set = set()
 
     def _warn_unsupported(self, batch) -> None:
         """Sampled and grammar-constrained verification are not implemented yet: say so once."""
