@@ -112,6 +112,15 @@ def test_lossless_greedy(request, server_name, chat_ids, reference):
 REPEAT_PROMPT = "Repeat the word cat ten times: cat cat cat cat"
 
 
+def verify_calls(server) -> float:
+    """sglang:spec_verify_calls_total from /metrics, summed over its label sets."""
+    total = 0.0
+    for line in requests.get(f"{server.url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("sglang:spec_verify_calls_total"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def test_constructed_drafter_is_accepted_and_counted(target_path, tmp_path, ar_server_fp32,
                                                      tokenizer):
     ids = tokenizer(REPEAT_PROMPT).input_ids
@@ -120,6 +129,7 @@ def test_constructed_drafter_is_accepted_and_counted(target_path, tmp_path, ar_s
     assert ref[:20] == [cat] * 20  # the target itself repeats " cat"
     drafter = make_repeat_drafter(target_path, tmp_path / "repeat4", block_size=4)
     with _domino("domino-repeat", drafter) as server:
+        rounds_before = verify_calls(server)
         out = generate(server, ids, 40)
         # max_tokens inside an accepted block: exactly 10 tokens, though rounds commit 4 at a time
         cut = generate(server, ids, 10)
@@ -133,6 +143,10 @@ def test_constructed_drafter_is_accepted_and_counted(target_path, tmp_path, ar_s
         other = generate(server, tokenizer("Explain photosynthesis briefly.").input_ids, 24)
         other_ref = generate(ar_server_fp32, tokenizer("Explain photosynthesis briefly.").input_ids,
                              24)
+        rounds = verify_calls(server) - rounds_before
+    # SGLang's own speculative series counts DOMINO's rounds exactly (per-request sum).
+    sent = [out, cut, stopped, logprobs, other]
+    assert rounds == sum(r["meta_info"]["spec_verify_ct"] for r in sent) > 0
     assert out["output_ids"] == ref
     assert cut["output_ids"] == ref[:10] and cut["meta_info"]["finish_reason"]["type"] == "length"
     # The stop string completes inside the first accepted 4-token block; nothing from it or
