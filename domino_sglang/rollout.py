@@ -91,16 +91,19 @@ def base_logits(z: torch.Tensor, head: HeadParams) -> torch.Tensor:
 
 @torch.no_grad()
 def greedy_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams,
-                   candidate_pool: int = 0, use_head: bool = True) -> torch.Tensor:
+                   candidate_pool: int = 0, use_head: bool = True, return_base_pick: bool = False
+                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Greedy chain d_1..d_{B-1} for every request: [bs, B-1] token ids.
 
     z [bs, B, H], bonus [bs] (the verified token x_t). use_head=False gives the backbone-only
-    (DFlash) chain from the same checkpoint.
+    (DFlash) chain from the same checkpoint. return_base_pick=True also returns the backbone's
+    own argmax at each position, [bs, B-1] (where the head changed it: metrics).
     """
     base = base_logits(z, head)  # [bs, B-1, V]
     n = base.shape[1]
     if not use_head:
-        return base.argmax(dim=-1)
+        chain = base.argmax(dim=-1)
+        return (chain, chain) if return_base_pick else chain
     cand = make_candidates(base, head, candidate_pool)
     first = base[:, 0].argmax(dim=-1)  # [bs]
     proposals = [first]
@@ -117,4 +120,5 @@ def greedy_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams,
         proposals.append(nxt)
         if i + 1 < n:
             s = gru_step(head.prefix_gru, head.embed(nxt).to(gdtype), s)
-    return torch.stack(proposals, dim=1)
+    chain = torch.stack(proposals, dim=1)
+    return (chain, base.argmax(dim=-1)) if return_base_pick else chain

@@ -41,6 +41,7 @@ from domino_sglang.config import (
     load_draft_config,
     load_draft_weights,
 )
+from domino_sglang.metrics import DominoMetrics, head_change_outcomes
 from domino_sglang.model import sglang_draft_model_class
 from domino_sglang.rollout import greedy_rollout
 from domino_sglang.verify import verify_greedy
@@ -88,6 +89,7 @@ class DominoWorker(BaseSpecWorker):
         self.head = self.draft_model.drafter.head(self.embed, target_model.lm_head.weight)
         self._block_offsets = torch.arange(self.block_size, device=self.device)
         self._warned: set[str] = set()
+        self.metrics = DominoMetrics.for_scheduler(self.block_size, self.device)
         logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s",
                     self.block_size, conf.num_layers, list(conf.target_layer_ids),
                     self.candidate_pool or "full vocabulary", "on" if self.use_head else "OFF")
@@ -169,12 +171,15 @@ class DominoWorker(BaseSpecWorker):
         positions = (prefix_lens[:, None] + self._block_offsets).reshape(-1)  # [bs*B]
         slots = self.block_slots(batch, prefix_lens)  # [bs*B]
 
+        clock = self.metrics.clock()
         z = self.draft_block(batch, chain, positions, slots)  # [bs, B, H]
-        chain[:, 1:] = greedy_rollout(z, chain[:, 0], self.head, self.candidate_pool,
-                                      use_head=self.use_head)
+        chain[:, 1:], base_pick = greedy_rollout(z, chain[:, 0], self.head, self.candidate_pool,
+                                                 use_head=self.use_head, return_base_pick=True)
+        clock.mark()  # drafted
         logits_output, hidden = self.verify_forward(batch, chain, positions, slots)
         target_choice = logits_output.next_token_logits.argmax(dim=-1).view(bs, block)
         tokens, accept_lens = verify_greedy(chain, target_choice)
+        clock.mark()  # verified
 
         if batch.return_logprob:  # logprobs of chain row b*B + j for committed token (b, j)
             compute_spec_logprobs(batch, logits_output, tokens.reshape(-1), chain_stride=block)
@@ -186,6 +191,9 @@ class DominoWorker(BaseSpecWorker):
         self.write_draft_context(hidden, positions, slots)
         logits_output.hidden_states = None
         bonus = tokens.gather(1, (accept_lens - 1)[:, None]).squeeze(1)
+        if self.metrics.enabled:
+            self.metrics.record_round(accept_lens, block, clock, head_change_outcomes(
+                chain[:, 1:], base_pick, target_choice, accept_lens))
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=tokens.reshape(-1),

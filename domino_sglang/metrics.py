@@ -1,0 +1,223 @@
+"""`domino_` Prometheus metrics, exported on SGLang's own `/metrics`.
+
+SGLang serves `/metrics` from its HTTP process with prometheus_client's multiprocess collector
+(`PROMETHEUS_MULTIPROC_DIR`, set by the launcher and inherited by the scheduler processes). A
+counter or histogram created in the scheduler process writes its values to that folder, so the
+metrics below need no server of their own: create them where the worker runs, and they appear
+next to `sglang:*`. Only monotonic counters and histograms (no gauges, which would need a
+multiprocess mode); rates and ratios are derived in PromQL (README, "Metrics").
+
+Terms (per request and round; draft length L = tokens in the verified chain [x_t, d_1..d_{L-1}]):
+
+    verify round      one request verified once (SGLang's `spec_verify_ct` counts the same)
+    proposed          L - 1 draft tokens
+    accepted          a, the drafts the target kept; the round commits a + 1 tokens (tau)
+    position p        draft d_p, p = 1..L-1; accepted at p means a >= p
+    reached           position p <= a + 1: verification compared d_p with the target's own token
+                      (the prefix before it was all accepted); later positions were never judged
+    head changed      the head's d_p differs from the backbone's argmax at p; counted only at
+                      reached positions, outcome right (d_p accepted) or wrong (d_p rejected)
+
+Cost per round: one device-to-host copy of a [L + 1] vector (done once, after the round's
+kernels are queued; the scheduler synchronises on accept_lens right after anyway) and ~L
+metric updates. With metrics off (no `--enable-metrics`, or a non-logging TP rank) every call
+returns at once.
+
+Depends on prometheus_client, torch and (in `for_scheduler` only) SGLang's runtime context.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+PREFIX = "domino_"
+TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0)
+DRAFT_LEN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
+# Reasons a request is decoded without speculation, created at zero so dashboards show them.
+FALLBACK_REASONS = ("adaptive_policy", "unsupported_request")
+
+
+def head_change_outcomes(drafts: torch.Tensor, base_pick: torch.Tensor,
+                         target_choice: torch.Tensor, accept_lens: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reached draft positions where the head overrode the backbone, split by outcome.
+
+    drafts [bs, L-1] (d_1..d_{L-1}), base_pick [bs, L-1] (backbone argmax at each position),
+    target_choice [bs, L] (y_0..y_{L-1}), accept_lens [bs] (a + 1). Returns 0-d tensors
+    (right, wrong), on the device, without host synchronisation.
+    """
+    n = drafts.shape[1]
+    reached = torch.arange(n, device=drafts.device)[None, :] < accept_lens[:, None]  # p <= a + 1
+    changed = (drafts != base_pick) & reached
+    kept = drafts == target_choice[:, :n]
+    return (changed & kept).sum(), (changed & ~kept).sum()
+
+
+class RoundClock:
+    """Wall time between marks. On CUDA it records events and reads them only in `spans()`,
+    which `record_round` calls after its single host synchronisation."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.points: list = []
+        self.mark()
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.points.append(event)
+        else:
+            self.points.append(time.perf_counter())
+
+    def spans(self) -> list[float]:
+        """Seconds between consecutive marks."""
+        if self.cuda:
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.points, self.points[1:])]
+        return [b - a for a, b in zip(self.points, self.points[1:])]
+
+
+class _NullClock:
+    def mark(self) -> None:
+        pass
+
+
+class DominoMetrics:
+    """The `domino_` series of one scheduler process. `enabled=False` makes every call a no-op.
+
+    `registry=None` (the server) registers nowhere in-process: the multiprocess files are what
+    `/metrics` reads. Tests pass a `CollectorRegistry` to read values directly.
+    """
+
+    def __init__(self, labels: dict[str, str] | None = None, max_draft_len: int = 16,
+                 enabled: bool = True, registry=None, cuda: bool = False):
+        self.enabled = enabled
+        self.cuda = cuda
+        if not enabled:
+            return
+        from prometheus_client import Counter, Histogram
+
+        self.labels = dict(labels or {})
+        names = list(self.labels)
+
+        def counter(name, doc, extra=()):
+            return Counter(PREFIX + name, doc, [*names, *extra], registry=registry)
+
+        def histogram(name, doc, buckets):
+            return Histogram(PREFIX + name, doc, names, buckets=buckets, registry=registry)
+
+        self.verify_rounds = counter(
+            "verify_rounds_total", "Requests verified, one per request per round.")
+        self.proposed = counter(
+            "draft_tokens_proposed_total", "Draft tokens sent to verification (L - 1 per round).")
+        self.accepted = counter(
+            "draft_tokens_accepted_total",
+            "Draft tokens the target kept (the bonus token not included).")
+        self.accepted_at = counter(
+            "accepted_tokens_by_position_total",
+            "Rounds whose draft at `position` (1-based) was accepted.", ("position",))
+        self.head_changed = counter(
+            "head_changed_tokens_total",
+            "Reached draft positions where the head overrode the backbone's argmax, by "
+            "`outcome` (right = accepted, wrong = rejected).", ("outcome",))
+        self.fallbacks = counter(
+            "fallback_requests_total", "Requests decoded without speculation, by `reason`.",
+            ("reason",))
+        self.draft_time = histogram(
+            "draft_seconds", "Wall time of one round's draft (backbone + head rollout).",
+            TIME_BUCKETS)
+        self.verify_time = histogram(
+            "verify_seconds", "Wall time of one round's verification (target forward + accept).",
+            TIME_BUCKETS)
+        self.draft_len = histogram(
+            "draft_length", "Draft length L chosen for a round (verified chain, x_t included).",
+            DRAFT_LEN_BUCKETS)
+
+        # Children created up front so every series exists (at 0) from the first scrape.
+        lv = self.labels
+        self._rounds = self.verify_rounds.labels(**lv)
+        self._proposed = self.proposed.labels(**lv)
+        self._accepted = self.accepted.labels(**lv)
+        self._at = [self.accepted_at.labels(**lv, position=str(p))
+                    for p in range(1, max_draft_len)]
+        self._right = self.head_changed.labels(**lv, outcome="right")
+        self._wrong = self.head_changed.labels(**lv, outcome="wrong")
+        for reason in FALLBACK_REASONS:
+            self.fallbacks.labels(**lv, reason=reason)
+        self._draft_time = self.draft_time.labels(**lv)
+        self._verify_time = self.verify_time.labels(**lv)
+        self._draft_len = self.draft_len.labels(**lv)
+
+    @classmethod
+    def for_scheduler(cls, max_draft_len: int, device) -> DominoMetrics:
+        """Enabled when SGLang's own scheduler metrics are (`--enable-metrics`, stats-logging
+        rank: attention TP/CP rank 0), with SGLang's `model_name` label (+ `dp_rank`)."""
+        from sglang.srt.runtime_context import get_observability, get_parallel, get_serving
+
+        obs, parallel = get_observability(), get_parallel()
+        enabled = bool(obs.enable_metrics) and (
+            (parallel.attn_tp_rank == 0 and parallel.attn_cp_rank == 0)
+            or bool(obs.enable_metrics_for_all_schedulers))
+        if not enabled:
+            return cls(enabled=False)
+        labels = {"model_name": str(get_serving().served_model_name)}
+        if parallel.dp_rank is not None:
+            labels["dp_rank"] = str(parallel.dp_rank)
+        return cls(labels, max_draft_len=max_draft_len,
+                   cuda=torch.device(device).type == "cuda")
+
+    def clock(self) -> RoundClock | _NullClock:
+        """Start timing a round; call `.mark()` after the draft and after the verification."""
+        return RoundClock(self.cuda) if self.enabled else _NullClock()
+
+    def record_round(self, accept_lens: torch.Tensor, draft_len: int,
+                     clock: RoundClock | _NullClock,
+                     head_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Count one batched round: accept_lens [bs] (a + 1 per request, device tensor),
+        draft_len L (the chain length verified for every request this round), the round's clock
+        (marked after draft and after verify), and `head_change_outcomes(...)` if computed."""
+        if not self.enabled:
+            return
+        bs, n = int(accept_lens.shape[0]), draft_len - 1
+        positions = torch.arange(1, n + 1, device=accept_lens.device)
+        # accepted_at[p] = #requests with a >= p; their sum is the total accepted drafts
+        at = ((accept_lens[:, None] - 1) >= positions[None, :]).sum(dim=0)  # [L-1]
+        head = (torch.stack(head_outcomes) if head_outcomes is not None
+                else at.new_zeros(2))
+        stats = torch.cat((at, head.to(at.dtype))).tolist()  # the one host synchronisation
+        at_counts, right, wrong = stats[:n], stats[n], stats[n + 1]
+
+        self._rounds.inc(bs)
+        self._proposed.inc(bs * n)
+        self._accepted.inc(sum(at_counts))
+        for p, count in enumerate(at_counts, start=1):
+            if count:
+                self._position(p).inc(count)
+        if right:
+            self._right.inc(right)
+        if wrong:
+            self._wrong.inc(wrong)
+        self._draft_len.observe(draft_len)
+        spans = clock.spans() if isinstance(clock, RoundClock) else []
+        if len(spans) >= 2:
+            self._draft_time.observe(spans[0])
+            self._verify_time.observe(spans[1])
+
+    def record_fallback(self, reason: str, requests: int = 1) -> None:
+        """Requests decoded without speculation (e.g. the adaptive policy chose L = 1)."""
+        if self.enabled and requests:
+            self.fallbacks.labels(**self.labels, reason=reason).inc(requests)
+
+    def _position(self, p: int):
+        if p <= len(self._at):
+            return self._at[p - 1]
+        return self.accepted_at.labels(**self.labels, position=str(p))
+
+
+def accepted_by_position(accept_lens: Sequence[int], draft_len: int) -> list[int]:
+    """Host reference of the per-position counts (tests): #requests with a >= p, p = 1..L-1."""
+    return [sum(1 for a1 in accept_lens if a1 - 1 >= p) for p in range(1, draft_len)]

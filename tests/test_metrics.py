@@ -1,0 +1,94 @@
+"""The `domino_` metrics on tiny tensors: what each counter counts, checked against hand-made
+rounds, and the rollout's base argmax that tells whether the head changed a draft."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+
+from domino_sglang.metrics import (
+    DominoMetrics,
+    RoundClock,
+    accepted_by_position,
+    head_change_outcomes,
+)
+from domino_sglang.rollout import base_logits, greedy_rollout
+from tests.test_rollout import B, H, V, make_head
+
+
+def value(registry, name, **labels):
+    return registry.get_sample_value(name, {"model_name": "m", **labels}) or 0.0
+
+
+def test_head_change_outcomes_only_count_reached_positions():
+    # L = 5: drafts d_1..d_4; target choices y_0..y_4.
+    drafts = torch.tensor([[7, 8, 9, 1],     # a = 2: d_1, d_2 kept, d_3 rejected, d_4 unreached
+                           [5, 5, 5, 5]])    # a = 4: all kept
+    base = torch.tensor([[7, 3, 2, 2],       # head changed d_2 (kept) and d_3 (rejected), d_4
+                         [5, 5, 6, 5]])      # head changed d_3 (kept)
+    target = torch.tensor([[7, 8, 4, 0, 0],
+                           [5, 5, 5, 5, 3]])
+    accept = torch.tensor([3, 5])            # a + 1
+    right, wrong = head_change_outcomes(drafts, base, target, accept)
+    # row 0: d_2 changed+kept (right), d_3 changed+rejected (wrong), d_4 changed but unreached
+    # row 1: d_3 changed+kept (right)
+    assert (int(right), int(wrong)) == (2, 1)
+
+
+def test_record_round_counts():
+    reg = CollectorRegistry()
+    m = DominoMetrics({"model_name": "m"}, max_draft_len=5, registry=reg)
+    # every series exists at zero before the first round
+    assert reg.get_sample_value("domino_verify_rounds_total", {"model_name": "m"}) == 0.0
+    assert reg.get_sample_value("domino_accepted_tokens_by_position_total",
+                                {"model_name": "m", "position": "4"}) == 0.0
+    assert reg.get_sample_value("domino_fallback_requests_total",
+                                {"model_name": "m", "reason": "adaptive_policy"}) == 0.0
+    rounds = [[1, 3, 5], [2, 2], [5]]
+    for accept in rounds:
+        clock = RoundClock(cuda=False)
+        clock.mark()
+        clock.mark()
+        m.record_round(torch.tensor(accept), 5, clock,
+                       (torch.tensor(2), torch.tensor(1)))
+    flat = [a for r in rounds for a in r]
+    assert value(reg, "domino_verify_rounds_total") == len(flat) == 6
+    assert value(reg, "domino_draft_tokens_proposed_total") == 6 * 4
+    assert value(reg, "domino_draft_tokens_accepted_total") == sum(a - 1 for a in flat) == 12
+    expected = accepted_by_position(flat, 5)
+    assert expected == [5, 3, 2, 2]
+    for p, count in enumerate(expected, start=1):
+        assert value(reg, "domino_accepted_tokens_by_position_total", position=str(p)) == count
+    assert value(reg, "domino_head_changed_tokens_total", outcome="right") == 6
+    assert value(reg, "domino_head_changed_tokens_total", outcome="wrong") == 3
+    assert value(reg, "domino_draft_seconds_count") == 3
+    assert value(reg, "domino_verify_seconds_count") == 3
+    assert value(reg, "domino_draft_length_sum") == 15
+    assert value(reg, "domino_draft_length_bucket", le="4.0") == 0
+    assert value(reg, "domino_draft_length_bucket", le="5.0") == 3
+    m.record_fallback("adaptive_policy", 2)
+    assert value(reg, "domino_fallback_requests_total", reason="adaptive_policy") == 2
+
+
+def test_disabled_metrics_are_no_ops():
+    m = DominoMetrics(enabled=False)
+    clock = m.clock()
+    clock.mark()
+    m.record_round(torch.tensor([3]), 4, clock)  # nothing to register, nothing raised
+    m.record_fallback("adaptive_policy")
+
+
+@pytest.mark.parametrize("use_head", [True, False])
+def test_rollout_base_pick(use_head):
+    head = make_head(1)
+    z, bonus = torch.randn(4, B, H), torch.randint(0, V, (4,))
+    chain = greedy_rollout(z, bonus, head, use_head=use_head)
+    chain2, base_pick = greedy_rollout(z, bonus, head, use_head=use_head, return_base_pick=True)
+    assert torch.equal(chain, chain2)  # same chain either way
+    assert torch.equal(base_pick, base_logits(z, head).argmax(dim=-1))
+    assert torch.equal(chain[:, 0], base_pick[:, 0])  # d_1 is always the backbone's
+    if use_head:
+        assert (chain != base_pick).any()  # this strong test head really overrides
+    else:
+        assert torch.equal(chain, base_pick)
