@@ -124,6 +124,73 @@ def cmd_init_drafter(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_regenerate(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    from domino_sglang.local_server import start_server
+    from domino_sglang.target import TargetError, prepare_target
+    from domino_sglang.train.regenerate import RegenConfig, regenerate, sharegpt_items
+
+    for name in ("limit", "max_new_tokens", "concurrency", "max_prompt_tokens"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            _fail(f"regenerate: --{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.temperature < 0:
+        _fail(f"regenerate: --temperature must be >= 0, got {args.temperature}")
+    try:
+        target = Path(args.model_path) if args.model_path else prepare_target()
+    except TargetError as exc:
+        _fail(f"regenerate: {exc}")
+    conf = RegenConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                       concurrency=args.concurrency, max_prompt_tokens=args.max_prompt_tokens)
+    items = sharegpt_items(AutoTokenizer.from_pretrained(target), args.limit,
+                           conf.max_prompt_tokens)
+    if args.url:
+        n = regenerate(args.url.rstrip("/"), items, args.out, conf)
+    else:
+        serve = ["--no-speculation", "--model-path", str(target)]
+        sglang = ["--max-running-requests", str(conf.concurrency)]
+        with start_server("regenerate", serve, sglang, threads=args.threads) as server:
+            n = regenerate(server.url, items, args.out, conf)
+    print(f"{args.out}: {n} new responses")
+    return 0
+
+
+def _parse_set(items: list[str]) -> dict:
+    """`key=value` pairs; values parsed as TOML scalars (numbers, true/false), else strings."""
+    import tomllib
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            _fail(f"train: --set expects key=value, got {item!r}")
+        try:
+            out[key] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key] = value
+    return out
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from domino_sglang.train.trainer import TrainConfigError, load_train_config, train
+
+    overrides = _parse_set(args.set or [])
+    for key in ("data", "out", "target", "init"):
+        if getattr(args, key) is not None:
+            overrides[key] = str(getattr(args, key))
+    if args.steps is not None:
+        overrides["steps"] = args.steps
+    try:
+        conf = load_train_config(args.config, overrides)
+        if not Path(conf.data).is_file():
+            _fail(f"train: data {conf.data} not found (run domino-sglang regenerate first)")
+        print(train(conf))
+    except TrainConfigError as exc:
+        _fail(str(exc))
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     if args.model_path is None:
         from domino_sglang.target import TargetError, prepare_target
@@ -177,6 +244,26 @@ def make_parser() -> argparse.ArgumentParser:
     d.add_argument("--emb-dim", type=int, default=64)
     d.add_argument("--seed", type=int, default=0)
 
+    r = sub.add_parser("regenerate", help="answer ShareGPT prompts with the target (training data)")
+    r.add_argument("--out", type=Path, required=True, help="JSONL cache (resumed if present)")
+    r.add_argument("--limit", type=int, default=None, help="number of prompts (default: all)")
+    r.add_argument("--url", default=None, help="a running server (default: start one)")
+    r.add_argument("--model-path", type=Path, default=None)
+    r.add_argument("--max-new-tokens", type=int, default=256)
+    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    r.add_argument("--concurrency", type=int, default=32)
+    r.add_argument("--max-prompt-tokens", type=int, default=512)
+    r.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
+
+    t = sub.add_parser("train", help="train a Domino drafter (base-anchored curriculum)")
+    t.add_argument("--config", type=Path, default=None, help="TOML recipe (keys: TrainConfig)")
+    t.add_argument("--data", type=Path, default=None, help="regenerated JSONL")
+    t.add_argument("--out", type=Path, default=None, help="run folder (resumed if present)")
+    t.add_argument("--target", type=Path, default=None)
+    t.add_argument("--init", type=Path, default=None, help="start from this drafter")
+    t.add_argument("--steps", type=int, default=None)
+    t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
+
     s = sub.add_parser(
         "serve", help="launch the SGLang server (extra SGLang flags after `--`)",
     )
@@ -210,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_serve(args, extra)
     if args.command == "init-drafter":
         return cmd_init_drafter(args)
+    if args.command == "regenerate":
+        return cmd_regenerate(args)
+    if args.command == "train":
+        return cmd_train(args)
     return 2
 
 

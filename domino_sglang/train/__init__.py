@@ -1,0 +1,1 @@
+"""Training a Domino drafter: regenerated data, target features, the base-anchored curriculum."""

@@ -1,0 +1,104 @@
+"""The base-anchored curriculum: position weights, the lambda schedule, the teacher-forced loss.
+
+For one training block at anchor a (block size B, positions k = 0..B-2, label y_k = x_{a+k+1}):
+
+    base_k   = lm_head(z_k)                                       (the parallel backbone alone)
+    s_k      = GRU(embed(x_a), ..., embed(x_{a+k}))      teacher-forced over GROUND-TRUTH tokens
+    final_0  = base_0 ;  final_k = base_k + W2 silu(W1 [z_k ; s_k])   (k >= 1)
+    w_k      = exp(-k / gamma)                                    early positions matter most
+    L        = (1 - lambda) * CE_w(final) + lambda * CE_w(base)
+    lambda   = 1 -> 0 linearly over the first `decay_frac` of training
+
+With lambda = 1 the head is not evaluated at all (no gradient reaches it); the backbone first
+learns to draft on its own, then the head learns to correct it (Domino paper, section 5 of
+shared/notes/domino-method.md). tau_sim = 1 + sum_k prod_{i<=k} acc_i is the cheap proxy of the
+acceptance length that greedy verification would see.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+IGNORE = -100
+
+
+def lambda_at(step: int, total_steps: int, decay_frac: float) -> float:
+    """Weight of the base loss at `step` (0-based): 1 at step 0, 0 from decay_frac*total on."""
+    span = decay_frac * total_steps
+    if span <= 0:
+        return 0.0
+    return max(0.0, 1.0 - step / span)
+
+
+def position_weights(n: int, gamma: float, device=None) -> torch.Tensor:
+    """w_k = exp(-k / gamma), k = 0..n-1  [n]."""
+    return torch.exp(-torch.arange(n, device=device, dtype=torch.float32) / gamma)
+
+
+def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
+                ) -> torch.Tensor:
+    """logits [N, P, V], labels [N, P] (IGNORE = masked), weights [P] -> scalar."""
+    n, p, v = logits.shape
+    ce = F.cross_entropy(logits.reshape(n * p, v).float(), labels.reshape(-1),
+                         ignore_index=IGNORE, reduction="none").view(n, p)
+    w = weights[None, :] * (labels != IGNORE)
+    return (ce * w).sum() / w.sum().clamp_min(1e-6)
+
+
+def head_correction(prefix_gru: nn.GRU, embed_proj: nn.Sequential, z: torch.Tensor,
+                    prev_embeds: torch.Tensor) -> torch.Tensor:
+    """Teacher-forced correction for positions 1..P-1.
+
+    z [N, P, H] backbone states of the P label positions; prev_embeds [N, P, H] target embeddings
+    of x_a .. x_{a+P-1} (the GRU inputs). Returns [N, P-1, V] (added to base[:, 1:]).
+    """
+    s, _ = prefix_gru(prev_embeds.to(prefix_gru.weight_ih_l0.dtype))  # [N, P, G]; s[:, k] = s_k
+    return embed_proj(torch.cat((z[:, 1:], s[:, 1:]), dim=-1))  # [N, P-1, V]
+
+
+def block_loss(z: torch.Tensor, prev_embeds: torch.Tensor, labels: torch.Tensor,
+               lm_head_weight: torch.Tensor, prefix_gru: nn.GRU, embed_proj: nn.Sequential,
+               lam: float, gamma: float) -> tuple[torch.Tensor, dict]:
+    """The curriculum loss of N blocks and its per-position accuracies.
+
+    z [N, P, H] (P = B-1 label positions), prev_embeds [N, P, H], labels [N, P].
+    Returns (loss, stats) with stats = base/final CE and per-position accuracy counts.
+    """
+    n, p, h = z.shape
+    w = position_weights(p, gamma, z.device)
+    base = F.linear(z.reshape(n * p, h), lm_head_weight).view(n, p, -1).float()  # [N, P, V]
+    ce_base = weighted_ce(base, labels, w)
+    if lam >= 1.0:
+        final, ce_final, loss = base, ce_base, ce_base
+    else:
+        corr = head_correction(prefix_gru, embed_proj, z, prev_embeds).float()
+        final = torch.cat((base[:, :1], base[:, 1:] + corr), dim=1)  # [N, P, V]
+        ce_final = weighted_ce(final, labels, w)
+        loss = (1.0 - lam) * ce_final + lam * ce_base
+    valid = labels != IGNORE
+    with torch.no_grad():
+        stats = {
+            "ce_base": float(ce_base), "ce_final": float(ce_final),
+            "valid": valid.sum(0).tolist(),
+            "correct_base": ((base.argmax(-1) == labels) & valid).sum(0).tolist(),
+            "correct_final": ((final.argmax(-1) == labels) & valid).sum(0).tolist(),
+        }
+    return loss, stats
+
+
+def tau_sim(accuracy: list[float]) -> float:
+    """1 + sum_k prod_{i<=k} acc_i: expected committed tokens per round if positions were
+    independent (the bonus token counts)."""
+    out, run = 1.0, 1.0
+    for a in accuracy:
+        run *= a
+        out += run
+    return out
+
+
+def accuracies(valid: list[int], correct: list[int]) -> list[float]:
+    return [c / v if v else math.nan for c, v in zip(correct, valid)]

@@ -1,0 +1,140 @@
+"""Training data: ShareGPT prompts answered again by the target itself, through our SGLang server.
+
+Drafters learn what the TARGET would say, so responses are regenerated (greedy by default) rather
+than taken from the dataset. Prompts are tokenised with the target's chat template exactly as
+SGLang's OpenAI chat endpoint does (`apply_chat_template(add_generation_prompt=True)`; SmolLM2 has
+no thinking mode) and sent as `input_ids` to the native `/generate`, which returns the generated
+ids, so no re-tokenisation can drift from what the server produced.
+
+Cache: one JSONL file, one record per prompt `{"id", "prompt_ids", "output_ids", "finish"}`,
+appended and fsync'ed as each response arrives. On resume the file is first cut back to its last
+complete line (a crash mid-write loses nothing else), the ids already present are skipped, and every
+remaining prompt is sent exactly once: no prompt is lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+
+@dataclass(frozen=True)
+class RegenConfig:
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    concurrency: int = 32
+    max_prompt_tokens: int = 512
+    timeout_s: float = 1800.0
+
+
+def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
+    """The token ids SGLang's chat endpoint would feed the model for one user turn."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                        add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in newer transformers
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def recover(path: Path) -> set[int]:
+    """Cut a cache file back to its last complete record; return the prompt ids it holds."""
+    if not path.exists():
+        return set()
+    data = path.read_bytes()
+    keep = data.rfind(b"\n") + 1  # bytes up to and including the last newline
+    if keep != len(data):
+        with path.open("r+b") as f:
+            f.truncate(keep)
+    done = set()
+    for line in data[:keep].splitlines():
+        if line.strip():
+            done.add(int(json.loads(line)["id"]))
+    return done
+
+
+def read_records(path: Path) -> list[dict]:
+    recover(path)
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _generate(url: str, prompt_ids: list[int], conf: RegenConfig) -> dict:
+    body = {"input_ids": prompt_ids,
+            "sampling_params": {"max_new_tokens": conf.max_new_tokens,
+                                "temperature": conf.temperature}}
+    resp = requests.post(f"{url}/generate", json=body, timeout=conf.timeout_s)
+    resp.raise_for_status()
+    out = resp.json()
+    finish = out["meta_info"].get("finish_reason") or {}
+    return {"output_ids": list(out["output_ids"]), "finish": finish.get("type")}
+
+
+def regenerate(url: str, items: Iterable[tuple[int, Sequence[int]]], out_path: Path,
+               conf: RegenConfig = RegenConfig(), progress: bool = True) -> int:
+    """Answer every (id, prompt_ids) not yet in `out_path`; return how many were written now."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    done = recover(out_path)
+    todo = [(i, list(ids)) for i, ids in items if i not in done]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), desc="regenerate", unit="prompt")
+    pool = ThreadPoolExecutor(max_workers=conf.concurrency)
+    try:
+        written = _drain(pool, url, todo, out_path, conf, bar)
+    finally:  # on Ctrl-C, stop at once: in-flight prompts were not written, so they are redone
+        pool.shutdown(wait=False, cancel_futures=True)
+        if bar is not None:
+            bar.close()
+    return written
+
+
+def _drain(pool: ThreadPoolExecutor, url: str, todo: list, out_path: Path, conf: RegenConfig,
+           bar) -> int:
+    written = 0
+    with out_path.open("a") as out:
+        pending: dict = {}
+        queue = iter(todo)
+        while True:
+            while len(pending) < conf.concurrency:
+                nxt = next(queue, None)
+                if nxt is None:
+                    break
+                pending[pool.submit(_generate, url, nxt[1], conf)] = nxt
+            if not pending:
+                break
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                pid, prompt_ids = pending.pop(fut)
+                rec = {"id": pid, "prompt_ids": prompt_ids, **fut.result()}
+                out.write(json.dumps(rec) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+                written += 1
+                if bar is not None:
+                    bar.update(1)
+    return written
+
+
+def sharegpt_items(tokenizer, limit: int | None, max_prompt_tokens: int
+                   ) -> list[tuple[int, list[int]]]:
+    """(index in ShareGPT first turns, chat prompt ids), skipping prompts over the length cap.
+
+    The index is the prompt's stable id in the cache, so a resume with the same data skips it.
+    """
+    from domino_sglang.data import sharegpt_prompts
+
+    out = []
+    for i, prompt in enumerate(sharegpt_prompts()):
+        ids = chat_prompt_ids(tokenizer, prompt)
+        if len(ids) <= max_prompt_tokens:
+            out.append((i, ids))
+            if limit is not None and len(out) >= limit:
+                break
+    return out

@@ -1,0 +1,494 @@
+"""`domino-sglang train`: the loop (config, data order, features, DDP, checkpoints, exact resume).
+
+One step, per process: `batch_size` regenerated sequences; for each, the target's features of the
+drafter's target layers (transformers, in the serving dtype; cached on disk per record), and
+`anchors` random block starts inside the response. Every block [x_a, MASK x (B-1)] is drafted in
+one backbone pass that sees the context features of positions < a (as in serving, where the
+verified token x_a is not yet in the draft cache) and the whole block (non-causal); the loss is
+the base-anchored curriculum of curriculum.py.
+
+Exact resume: the data order and anchors of step t are functions of (seed, t, rank) only, and a
+checkpoint holds the drafter, the optimizer and the step, so stopping at t and resuming gives the
+same parameters as an uninterrupted run. Under `torchrun` the same command runs DDP (gloo on CPU,
+NCCL on GPU); every rank reads its own slice of each step's global batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import tomllib
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from domino_sglang.config import load_draft_config, make_draft_config
+from domino_sglang.model import DominoDrafter, init_drafter_weights, save_drafter
+from domino_sglang.train.curriculum import IGNORE, accuracies, block_loss, lambda_at, tau_sim
+
+
+class TrainConfigError(ValueError):
+    """A bad training config; the message names the key."""
+
+
+@dataclass
+class TrainConfig:
+    data: str = ""  # regenerated JSONL (domino-sglang regenerate)
+    out: str = ""  # run folder: checkpoint/, drafter/, log.jsonl
+    target: str = ""  # target checkpoint folder (default: the prepared SmolLM2)
+    init: str = ""  # start from this drafter folder (default: a fresh one from the fields below)
+    num_layers: int = 2
+    block_size: int = 16
+    num_features: int = 3
+    gru_hidden_dim: int = 256
+    emb_dim: int = 64
+    steps: int = 1000
+    batch_size: int = 2  # sequences per step per process
+    anchors: int = 16  # blocks per sequence
+    max_seq_len: int = 768
+    lr: float = 6e-4
+    min_lr_frac: float = 0.1
+    warmup_frac: float = 0.04
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    lambda_decay_frac: float = 0.5  # lambda 1 -> 0 over this fraction of the steps
+    gamma: float = 7.0  # position weights exp(-k / gamma)
+    feature_dtype: str = "bfloat16"  # the serving precision of the target
+    feature_cache: bool = True
+    eval_records: int = 8  # the last N records are held out for evaluation
+    eval_every: int = 100
+    log_every: int = 10
+    save_every: int = 50
+    threads: int = 0  # torch threads per process, 0 = leave torch's default
+    seed: int = 0
+    warm_start: bool = True  # fresh drafter: copy the target's last layers and final norm
+
+    def validate(self) -> TrainConfig:
+        for key in ("data", "out"):
+            if not getattr(self, key):
+                raise TrainConfigError(f"train: '{key}' is required")
+        positive = ("num_layers", "block_size", "num_features", "gru_hidden_dim", "emb_dim",
+                    "steps", "batch_size", "anchors", "max_seq_len", "lr", "gamma",
+                    "log_every", "save_every", "eval_every")
+        for key in positive:
+            if getattr(self, key) <= 0:
+                raise TrainConfigError(f"train: '{key}' must be positive, got {getattr(self, key)}")
+        for key in ("warmup_frac", "lambda_decay_frac", "min_lr_frac"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise TrainConfigError(
+                    f"train: '{key}' must be in [0, 1], got {getattr(self, key)}")
+        if not 2 <= self.block_size <= 64:
+            raise TrainConfigError(f"train: 'block_size' must be in 2..64, got {self.block_size}")
+        if self.feature_dtype not in ("bfloat16", "float16", "float32"):
+            raise TrainConfigError(f"train: 'feature_dtype' must be bfloat16, float16 or float32, "
+                                   f"got {self.feature_dtype!r}")
+        if self.max_seq_len <= self.block_size:
+            raise TrainConfigError("train: 'max_seq_len' must exceed 'block_size'")
+        return self
+
+
+def load_train_config(path: str | Path | None, overrides: dict | None = None) -> TrainConfig:
+    """TOML file (optional) + overrides; unknown keys and wrong types are errors."""
+    raw: dict = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise TrainConfigError(f"train: cannot read config {path}: {exc}") from exc
+    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    known = {f.name: f for f in fields(TrainConfig)}
+    for key, value in raw.items():
+        if key not in known:
+            raise TrainConfigError(f"train: unknown key '{key}' (known: {', '.join(known)})")
+        kind = type(getattr(TrainConfig(), key))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            raw[key] = value = float(value)
+        if type(value) is not kind:
+            raise TrainConfigError(f"train: '{key}' must be {kind.__name__}, got {value!r}")
+    return TrainConfig(**raw).validate()
+
+
+# ---- data ----
+def load_records(path: str | Path, max_seq_len: int) -> list[dict]:
+    """Regenerated records as {"id", "ids" (prompt+response, truncated), "start" (response)}."""
+    from domino_sglang.train.regenerate import read_records
+
+    out = []
+    for rec in read_records(Path(path)):
+        ids = (list(rec["prompt_ids"]) + list(rec["output_ids"]))[:max_seq_len]
+        start = len(rec["prompt_ids"])
+        if len(ids) - start >= 2:  # at least one anchor with one label
+            out.append({"id": int(rec["id"]), "ids": ids, "start": start})
+    out.sort(key=lambda r: r["id"])
+    if not out:
+        raise TrainConfigError(f"train: {path} has no usable records")
+    return out
+
+
+def step_records(n_records: int, step: int, batch: int, rank: int, world: int, seed: int
+                 ) -> list[int]:
+    """Indices of this rank's records at `step`: epoch-wise permutations, a pure function."""
+    per_step = batch * world
+    first = step * per_step + rank * batch
+    out = []
+    for g in range(first, first + batch):
+        epoch, offset = divmod(g, n_records)
+        perm = torch.randperm(n_records, generator=torch.Generator().manual_seed(seed + epoch))
+        out.append(int(perm[offset]))
+    return out
+
+
+def sample_anchors(start: int, length: int, count: int, generator: torch.Generator
+                   ) -> list[int]:
+    """`count` distinct anchors a in [start, length-2] (fewer if the response is short)."""
+    choices = length - 1 - start
+    pick = torch.randperm(choices, generator=generator)[: min(count, choices)]
+    return sorted(int(start + i) for i in pick)
+
+
+class TargetFeatures:
+    """The target's hidden states of the drafter's target layers, in the serving dtype.
+
+    target_layer_ids[k] = i means the OUTPUT of decoder layer i = transformers hidden_states[i+1].
+    Only layers up to max(ids)+1 are run (the later ones do not feed the drafter). The embedding
+    and lm_head are exposed frozen for the drafter (shared with the target, never trained).
+    """
+
+    def __init__(self, target: str | Path, layer_ids: list[int], dtype: torch.dtype,
+                 cache_dir: Path | None = None):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(target), dtype=dtype)
+        model.eval().requires_grad_(False)
+        self.layer_ids = list(layer_ids)
+        n_keep = max(layer_ids) + 2  # keep one extra layer: the last output may be normed
+        model.model.layers = model.model.layers[: min(n_keep, len(model.model.layers))]
+        self.model = model
+        self.embed_weight = model.get_input_embeddings().weight.detach().float()  # [V, H]
+        self.lm_head_weight = model.get_output_embeddings().weight.detach().float()  # [V, H]
+        self.cache_dir = cache_dir
+        if cache_dir is not None:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+
+    @torch.no_grad()
+    def __call__(self, rec: dict) -> torch.Tensor:
+        """[T, K*H] features of record `rec` (read from / written to the cache)."""
+        path = None if self.cache_dir is None else self.cache_dir / f"{rec['id']}.pt"
+        if path is not None and path.exists():
+            feats = torch.load(path, weights_only=True)
+            if feats.shape[0] == len(rec["ids"]):
+                return feats
+        ids = torch.tensor([rec["ids"]])
+        hs = self.model.model(input_ids=ids, output_hidden_states=True).hidden_states
+        feats = torch.cat([hs[i + 1][0] for i in self.layer_ids], dim=-1)  # [T, K*H]
+        if path is not None:
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            torch.save(feats.clone(), tmp)
+            tmp.replace(path)
+        return feats
+
+
+# ---- the model under training ----
+class DrafterTrainModule(nn.Module):
+    """Drafter + frozen target embedding/lm_head; forward(batch) -> (loss, stats)."""
+
+    def __init__(self, drafter: DominoDrafter, embed_weight: torch.Tensor,
+                 lm_head_weight: torch.Tensor):
+        super().__init__()
+        self.drafter = drafter
+        self.register_buffer("embed_weight", embed_weight, persistent=False)
+        self.register_buffer("lm_head_weight", lm_head_weight, persistent=False)
+
+    def forward(self, items: list[tuple[torch.Tensor, torch.Tensor, list[int]]], lam: float,
+                gamma: float) -> tuple[torch.Tensor, dict]:
+        """items: (ids [T], features [T, K*H], anchors) per sequence."""
+        conf = self.drafter.conf
+        B, P = conf.block_size, conf.block_size - 1
+        zs, prevs, labels = [], [], []
+        for ids, feats, anchors in items:
+            z, prev, lab = self._blocks(ids, feats, anchors, B)
+            zs.append(z)
+            prevs.append(prev)
+            labels.append(lab)
+        z, prev, lab = torch.cat(zs), torch.cat(prevs), torch.cat(labels)  # [N, P, ..]
+        assert z.shape[1] == P
+        return block_loss(z, prev, lab, self.lm_head_weight, self.drafter.prefix_gru,
+                          self.drafter.embed_proj, lam, gamma)
+
+    def _blocks(self, ids: torch.Tensor, feats: torch.Tensor, anchors: list[int], B: int):
+        """Draft every block of one sequence in one backbone pass.
+
+        Returns z [n, B-1, H], GRU inputs [n, B-1, H] (embeds of x_a..x_{a+B-2}), labels [n, B-1].
+        """
+        conf = self.drafter.conf
+        T, n = ids.shape[0], len(anchors)
+        a = torch.tensor(anchors)  # [n]
+        offs = torch.arange(B)
+        pos = (a[:, None] + offs).reshape(-1)  # [n*B] block positions
+        chain = torch.full((n, B), conf.mask_token_id, dtype=torch.long)
+        chain[:, 0] = ids[a]
+        ctx_kv = self.drafter.context_kv(feats, torch.arange(T))  # per layer k, v [T, Hkv, D]
+        # mask [n*B, T + n*B]: context positions < a (own anchor), and the own block, all of it
+        blk = torch.arange(n).repeat_interleave(B)  # [n*B] block index of each query
+        ctx_ok = torch.arange(T)[None, :] < a[blk][:, None]
+        own_ok = blk[:, None] == blk[None, :]
+        mask = torch.cat((ctx_ok, own_ok), dim=1)
+        rep = conf.num_heads // conf.num_kv_heads
+
+        def attend(i: int, q, k, v):
+            kk = torch.cat((ctx_kv[i][0], k)).repeat_interleave(rep, dim=1)  # [T+nB, Hq, D]
+            vv = torch.cat((ctx_kv[i][1], v)).repeat_interleave(rep, dim=1)
+            out = F.scaled_dot_product_attention(q.transpose(0, 1), kk.transpose(0, 1),
+                                                 vv.transpose(0, 1), attn_mask=mask)
+            return out.transpose(0, 1)  # [nB, Hq, D]
+
+        embeds = F.embedding(chain.reshape(-1), self.embed_weight)  # [n*B, H]
+        z = self.drafter.backbone(embeds, pos, attend).view(n, B, -1)[:, : B - 1]
+        tgt = a[:, None] + offs[None, : B - 1]  # [n, B-1] positions of x_a .. x_{a+B-2}
+        inside = tgt + 1 < T
+        lab = torch.where(inside, ids[(tgt + 1).clamp(max=T - 1)], torch.full_like(tgt, IGNORE))
+        prev = F.embedding(ids[tgt.clamp(max=T - 1)], self.embed_weight)  # [n, B-1, H]
+        return z, prev, lab
+
+
+def lr_at(step: int, conf: TrainConfig) -> float:
+    """Linear warmup, then cosine decay to min_lr_frac * lr."""
+    warm = int(conf.warmup_frac * conf.steps)
+    if step < warm:
+        return conf.lr * (step + 1) / warm
+    t = (step - warm) / max(1, conf.steps - warm)
+    return conf.lr * (conf.min_lr_frac + (1 - conf.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def _dist() -> tuple[int, int]:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        torch.distributed.init_process_group(backend)
+    if torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _drafter_config(conf: TrainConfig, target: Path) -> dict:
+    if conf.init:
+        return json.loads((Path(conf.init) / "config.json").read_text())
+    return make_draft_config(json.loads((target / "config.json").read_text()),
+                             num_layers=conf.num_layers, block_size=conf.block_size,
+                             num_features=conf.num_features, gru_hidden_dim=conf.gru_hidden_dim,
+                             emb_dim=conf.emb_dim)
+
+
+def _save_checkpoint(out: Path, model: DominoDrafter, opt: torch.optim.Optimizer, step: int,
+                     conf: TrainConfig) -> None:
+    """out/checkpoint/{drafter.pt,state.pt} replaced atomically (temp folder, then rename)."""
+    import shutil
+
+    tmp = out / f".checkpoint.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.save(model.state_dict(), tmp / "drafter.pt")
+    torch.save({"optimizer": opt.state_dict(), "step": step, "config": asdict(conf)},
+               tmp / "state.pt")
+    final = out / "checkpoint"
+    old = out / f".checkpoint.old-{os.getpid()}"
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def evaluate(module: DrafterTrainModule, feats: TargetFeatures, records: list[dict],
+             conf: TrainConfig) -> dict:
+    """Per-position teacher-forced accuracy (base and final) and tau_sim on held-out records."""
+    valid = correct_b = correct_f = None
+    with torch.no_grad():
+        for rec in records:
+            g = torch.Generator().manual_seed(10_000_019 * (rec["id"] + 1))
+            anchors = sample_anchors(rec["start"], len(rec["ids"]), conf.anchors, g)
+            ids = torch.tensor(rec["ids"])
+            _, st = module([(ids, feats(rec), anchors)], 0.0, conf.gamma)
+            if valid is None:
+                valid, correct_b, correct_f = st["valid"], st["correct_base"], st["correct_final"]
+            else:
+                valid = [x + y for x, y in zip(valid, st["valid"])]
+                correct_b = [x + y for x, y in zip(correct_b, st["correct_base"])]
+                correct_f = [x + y for x, y in zip(correct_f, st["correct_final"])]
+    acc_b, acc_f = accuracies(valid, correct_b), accuracies(valid, correct_f)
+    return {"acc_base": acc_b, "acc_final": acc_f,
+            "tau_sim_base": tau_sim(acc_b), "tau_sim_final": tau_sim(acc_f)}
+
+
+def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
+          on_step=None) -> Path:
+    """Run (or resume) training; returns the exported drafter folder out/drafter.
+
+    stop_at ends this run early after that step (as an interruption would, after its checkpoint);
+    on_step(step, drafter) is called after every optimizer step (tests, probes).
+    """
+    from domino_sglang.paths import target_dir
+
+    if conf.threads:
+        torch.set_num_threads(conf.threads)
+    rank, world = _dist()
+    out = Path(conf.out)
+    target = Path(conf.target) if conf.target else target_dir()
+    if not (target / "config.json").is_file():
+        raise TrainConfigError(f"train: target {target} has no config.json "
+                               "(run domino-sglang prepare-target)")
+    dcfg = _drafter_config(conf, target)
+    out.mkdir(parents=True, exist_ok=True)
+    records = load_records(conf.data, conf.max_seq_len)
+    held = records[-conf.eval_records:] if 0 < conf.eval_records < len(records) else []
+    train_recs = records[: len(records) - len(held)]
+
+    seed_dir = out / "init"  # the starting drafter in upstream layout (validates the config)
+    if rank == 0 and not (seed_dir / "config.json").exists():
+        if conf.init:
+            import shutil
+
+            shutil.copytree(conf.init, seed_dir)
+        else:
+            dconf0 = _load_conf_from_dict(dcfg, out / ".init-config")
+            weights = init_drafter_weights(dconf0, seed=conf.seed)
+            if conf.warm_start:
+                weights.update(warm_start_weights(target, dconf0))
+            save_drafter(seed_dir, dcfg, weights, dtype=torch.float32)
+    if world > 1:
+        torch.distributed.barrier()
+    dconf = load_draft_config(seed_dir)
+    drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).train()
+    feats = TargetFeatures(target, list(dconf.target_layer_ids), getattr(torch, conf.feature_dtype),
+                           out / "features" if conf.feature_cache else None)
+    module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=conf.lr, weight_decay=conf.weight_decay,
+                            betas=(0.9, 0.95))
+    step = 0
+    ckpt = out / "checkpoint"
+    if (ckpt / "state.pt").exists():
+        drafter.load_state_dict(torch.load(ckpt / "drafter.pt", weights_only=True))
+        state = torch.load(ckpt / "state.pt", weights_only=True)
+        opt.load_state_dict(state["optimizer"])
+        step = int(state["step"])
+    ddp = module
+    if world > 1:
+        ddp = nn.parallel.DistributedDataParallel(module, find_unused_parameters=True)
+
+    bar = None
+    if progress and rank == 0:
+        from tqdm import tqdm
+
+        bar = tqdm(total=conf.steps, initial=step, desc="train", unit="step")
+    log = (out / "log.jsonl").open("a") if rank == 0 else None
+    window: dict = {}
+    while step < conf.steps:
+        lam = lambda_at(step, conf.steps, conf.lambda_decay_frac)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, conf)
+        items = []
+        for idx in step_records(len(train_recs), step, conf.batch_size, rank, world, conf.seed):
+            rec = train_recs[idx]
+            g = torch.Generator().manual_seed(conf.seed * 1_000_003 + step * 7919 + rec["id"])
+            anchors = sample_anchors(rec["start"], len(rec["ids"]), conf.anchors, g)
+            items.append((torch.tensor(rec["ids"]), feats(rec), anchors))
+        loss, st = ddp(items, lam, conf.gamma)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), conf.grad_clip)
+        opt.step()
+        step += 1
+        _accumulate(window, st, float(loss.detach()), float(gnorm))
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(loss):.3f}", lam=f"{lam:.2f}")
+        if log is not None and (step % conf.log_every == 0 or step == conf.steps):
+            entry = _summary(window, step, lam, lr_at(step - 1, conf))
+            log.write(json.dumps(entry) + "\n")
+            log.flush()
+            if bar is not None:
+                bar.write(f"step {step}: loss {entry['loss']:.3f} tau_sim base "
+                          f"{entry['tau_sim_base']:.2f} final {entry['tau_sim_final']:.2f} "
+                          f"acc {' '.join(f'{a:.2f}' for a in entry['acc_final'][:6])}")
+            window = {}
+        if held and log is not None and (step % conf.eval_every == 0 or step == conf.steps):
+            ev = {"step": step, "eval": evaluate(module, feats, held, conf)}
+            log.write(json.dumps(ev) + "\n")
+            log.flush()
+            if bar is not None:
+                bar.write(f"eval step {step}: tau_sim base {ev['eval']['tau_sim_base']:.2f} "
+                          f"final {ev['eval']['tau_sim_final']:.2f}")
+        if rank == 0 and (step % conf.save_every == 0 or step == conf.steps):
+            _save_checkpoint(out, drafter, opt, step, conf)
+            save_drafter(out / "drafter", dcfg, drafter.state_dict(), dtype=torch.bfloat16)
+        if on_step is not None:
+            on_step(step, drafter)
+        if stop_at is not None and step >= stop_at:
+            break
+    if bar is not None:
+        bar.close()
+    if log is not None:
+        log.close()
+    if world > 1:
+        torch.distributed.barrier()
+    return out / "drafter"
+
+
+def warm_start_weights(target: Path, dconf) -> dict:
+    """Start the backbone from the target's LAST decoder layers and final norm (same widths).
+
+    z feeds the target's lm_head, which expects states shaped like the target's final-normed
+    ones; copying the final norm and top layers starts the base logits near the target's own
+    next-token distribution instead of at a random ~30-nat cross-entropy. q_norm/k_norm (absent
+    in Llama targets) stay at 1.
+    """
+    from safetensors import safe_open
+
+    files = sorted(target.glob("*.safetensors"))
+    tensors = {}
+    for f in files:
+        with safe_open(str(f), "pt") as sf:
+            for name in sf.keys():
+                tensors[name] = sf.get_tensor(name)
+    n_target = 1 + max(int(k.split(".")[2]) for k in tensors if k.startswith("model.layers."))
+    out = {}
+    if tensors.get("model.norm.weight") is not None:
+        out["norm.weight"] = tensors["model.norm.weight"].float()
+    shapes = dconf.expected_shapes()
+    for i in range(dconf.num_layers):
+        src = f"model.layers.{n_target - dconf.num_layers + i}."
+        for name in shapes:
+            if name.startswith(f"layers.{i}.") and not name.endswith(("q_norm.weight",
+                                                                      "k_norm.weight")):
+                t = tensors.get(src + name[len(f"layers.{i}."):])
+                if t is not None and tuple(t.shape) == shapes[name]:
+                    out[name] = t.float()
+    return out
+
+
+def _load_conf_from_dict(cfg: dict, scratch: Path):
+    """Validate a drafter config dict through the same parser the server uses."""
+    from domino_sglang.config import parse_draft_config
+
+    return parse_draft_config(cfg, scratch)
+
+
+def _accumulate(window: dict, st: dict, loss: float, gnorm: float) -> None:
+    window.setdefault("loss", []).append(loss)
+    window.setdefault("grad_norm", []).append(gnorm)
+    window.setdefault("ce_base", []).append(st["ce_base"])
+    window.setdefault("ce_final", []).append(st["ce_final"])
+    for key in ("valid", "correct_base", "correct_final"):
+        prev = window.get(key)
+        window[key] = st[key] if prev is None else [x + y for x, y in zip(prev, st[key])]
+
+
+def _summary(window: dict, step: int, lam: float, lr: float) -> dict:
+    mean = {k: sum(v) / len(v) for k, v in window.items() if k in
+            ("loss", "grad_norm", "ce_base", "ce_final")}
+    acc_b = accuracies(window["valid"], window["correct_base"])
+    acc_f = accuracies(window["valid"], window["correct_final"])
+    return {"step": step, "lambda": lam, "lr": lr, **mean, "acc_base": acc_b, "acc_final": acc_f,
+            "tau_sim_base": tau_sim(acc_b), "tau_sim_final": tau_sim(acc_f)}

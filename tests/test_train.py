@@ -1,0 +1,180 @@
+"""Training: the curriculum schedule and its gradients, learning, exact resume, DDP sync, config."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from domino_sglang.train.curriculum import block_loss, lambda_at, position_weights, tau_sim
+from domino_sglang.train.trainer import (
+    TrainConfigError,
+    load_train_config,
+    sample_anchors,
+    step_records,
+    train,
+)
+from tests.train_fixtures import tiny_overrides
+
+torch.set_num_threads(1)
+
+
+def test_lambda_schedule_values():
+    # decays linearly from 1 to 0 over the first half, then stays at 0
+    assert lambda_at(0, 100, 0.5) == 1.0
+    assert lambda_at(25, 100, 0.5) == pytest.approx(0.5)
+    assert lambda_at(40, 100, 0.5) == pytest.approx(0.2)
+    assert lambda_at(50, 100, 0.5) == 0.0
+    assert lambda_at(99, 100, 0.5) == 0.0
+    assert lambda_at(50, 100, 1.0) == pytest.approx(0.5)
+    assert lambda_at(0, 100, 0.0) == 0.0  # no curriculum: final loss only
+    assert position_weights(3, 7.0).tolist() == pytest.approx([1.0, 0.8669, 0.7515], rel=1e-3)
+    assert tau_sim([1.0, 1.0]) == 3.0 and tau_sim([0.5, 0.5]) == 1.75 and tau_sim([0.0]) == 1.0
+
+
+def _head_and_inputs(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    n, p, h, v, gdim, e = 3, 4, 8, 11, 6, 5
+    gru = torch.nn.GRU(h, gdim, bias=False, batch_first=True)
+    proj = torch.nn.Sequential(torch.nn.Linear(h + gdim, e, bias=False), torch.nn.SiLU(),
+                               torch.nn.Linear(e, v, bias=False))
+    z = torch.randn(n, p, h, generator=g, requires_grad=True)
+    prev = torch.randn(n, p, h, generator=g)
+    labels = torch.randint(0, v, (n, p), generator=g)
+    lm = torch.randn(v, h, generator=g)
+    return z, prev, labels, lm, gru, proj
+
+
+def test_head_gets_gradient_only_when_lambda_below_one():
+    z, prev, labels, lm, gru, proj = _head_and_inputs()
+    loss, _ = block_loss(z, prev, labels, lm, gru, proj, lam=1.0, gamma=7.0)
+    loss.backward()
+    assert z.grad is not None and z.grad.abs().sum() > 0  # the backbone learns
+    assert all(p.grad is None for p in [*gru.parameters(), *proj.parameters()])
+
+    z, prev, labels, lm, gru, proj = _head_and_inputs()
+    loss, _ = block_loss(z, prev, labels, lm, gru, proj, lam=0.3, gamma=7.0)
+    loss.backward()
+    for p in [*gru.parameters(), *proj.parameters()]:
+        assert p.grad is not None and p.grad.abs().sum() > 0
+
+
+def test_curriculum_mixes_the_two_losses():
+    z, prev, labels, lm, gru, proj = _head_and_inputs()
+    _, st = block_loss(z, prev, labels, lm, gru, proj, lam=0.0, gamma=7.0)
+    loss, _ = block_loss(z, prev, labels, lm, gru, proj, lam=0.25, gamma=7.0)
+    expected = 0.75 * st["ce_final"] + 0.25 * st["ce_base"]
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-5)
+
+
+def test_loss_decreases_on_a_tiny_run(tmp_path):
+    conf = load_train_config(None, tiny_overrides(tmp_path, steps=30, log_every=5, lr=1e-2,
+                                                  eval_every=30, save_every=30))
+    train(conf, progress=False)
+    import json
+
+    logs = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    losses = [x["loss"] for x in logs if "loss" in x]
+    assert len(losses) == 6
+    assert losses[-1] < 0.8 * losses[0], losses  # measured: 6.19 -> 4.70
+    assert (tmp_path / "run" / "drafter" / "model.safetensors").is_file()
+    from domino_sglang.config import load_draft_config, load_draft_weights
+
+    weights = load_draft_weights(load_draft_config(tmp_path / "run" / "drafter"))
+    assert all(t.dtype == torch.bfloat16 for t in weights.values())
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    (tmp_path / "a").mkdir()
+    full = load_train_config(None, tiny_overrides(tmp_path / "a"))
+    train(full, progress=False)
+
+    (tmp_path / "b").mkdir()
+    part = load_train_config(None, tiny_overrides(tmp_path / "b"))
+    train(part, progress=False, stop_at=3)  # "interrupted" right after the step-3 checkpoint
+    state = torch.load(tmp_path / "b" / "run" / "checkpoint" / "state.pt", weights_only=True)
+    assert state["step"] == 3
+    train(part, progress=False)  # resumes from step 3
+
+    a = torch.load(tmp_path / "a" / "run" / "checkpoint" / "drafter.pt", weights_only=True)
+    b = torch.load(tmp_path / "b" / "run" / "checkpoint" / "drafter.pt", weights_only=True)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    # and training did move the weights (the equality above is not trivial)
+    from safetensors.torch import load_file
+
+    start = load_file(str(tmp_path / "a" / "run" / "init" / "model.safetensors"))
+    assert any(not torch.equal(a[k], start[k].to(a[k].dtype)) for k in a)
+
+
+def test_data_order_is_a_pure_function_of_step_and_rank():
+    a = step_records(10, 1, 2, rank=0, world=2, seed=3)
+    assert a == step_records(10, 1, 2, rank=0, world=2, seed=3)
+    b = step_records(10, 1, 2, rank=1, world=2, seed=3)
+    assert set(a).isdisjoint(b)  # ranks read different records of the same step
+    epoch = [i for s in range(5) for r in range(2) for i in step_records(10, s, 1, r, 2, 0)]
+    assert sorted(epoch) == list(range(10))  # one epoch covers every record once
+    g = torch.Generator().manual_seed(0)
+    anchors = sample_anchors(5, 20, 30, g)
+    assert anchors == sorted(set(anchors)) and min(anchors) >= 5 and max(anchors) <= 18
+
+
+PROBE = """
+import sys, torch
+from domino_sglang.train.trainer import load_train_config, train
+from tests.train_fixtures import tiny_overrides
+from pathlib import Path
+torch.set_num_threads(1)
+tmp = Path(sys.argv[1])
+conf = load_train_config(None, tiny_overrides(tmp, steps=3, data=str(tmp / "data.jsonl"),
+                         target=str(tmp / "target")))
+rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+def on_step(step, drafter):
+    torch.save({k: v.clone() for k, v in drafter.state_dict().items()},
+               tmp / f"rank{torch.distributed.get_rank()}-step{step}.pt")
+train(conf, progress=False, on_step=on_step)
+"""
+
+
+def test_ddp_two_cpu_processes_stay_in_sync(tmp_path):
+    from domino_sglang.local_server import free_port
+    from tests.train_fixtures import make_records, make_tiny_target
+
+    make_records(tmp_path / "data.jsonl")
+    make_tiny_target(tmp_path / "target")
+    (tmp_path / "probe.py").write_text(PROBE)
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_port", str(free_port()), str(tmp_path / "probe.py"), str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=repo)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for step in (1, 3):
+        r0 = torch.load(tmp_path / f"rank0-step{step}.pt", weights_only=True)
+        r1 = torch.load(tmp_path / f"rank1-step{step}.pt", weights_only=True)
+        for k in r0:
+            assert torch.equal(r0[k], r1[k]), (step, k)
+    start = torch.load(tmp_path / "rank0-step1.pt", weights_only=True)
+    end = torch.load(tmp_path / "rank0-step3.pt", weights_only=True)
+    assert any(not torch.equal(start[k], end[k]) for k in start)
+
+
+def test_config_errors_name_the_key(tmp_path):
+    with pytest.raises(TrainConfigError, match="unknown key 'bogus'"):
+        load_train_config(None, {"data": "d", "out": "o", "bogus": 1})
+    with pytest.raises(TrainConfigError, match="'steps' must be int"):
+        load_train_config(None, {"data": "d", "out": "o", "steps": "many"})
+    with pytest.raises(TrainConfigError, match="'lambda_decay_frac' must be in"):
+        load_train_config(None, {"data": "d", "out": "o", "lambda_decay_frac": 2.0})
+    with pytest.raises(TrainConfigError, match="'data' is required"):
+        load_train_config(None, {"out": "o"})
+    bad = tmp_path / "recipe.toml"
+    bad.write_text("steps = [")
+    with pytest.raises(TrainConfigError, match="cannot read config"):
+        load_train_config(bad)
