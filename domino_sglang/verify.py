@@ -8,12 +8,27 @@ Terms (per request; block size B, so the verified chain is [x_t, d_1, ..., d_{B-
     accept_len     a + 1, the tokens committed this round (tau counts the bonus)
 
 Greedy verification is exact: the committed tokens are precisely what plain greedy decoding
-would produce. The sampled (T > 0) rule lives in sampling.py.
+would produce.
+
+Sampled verification (T > 0) is exact chain rejection sampling (Leviathan et al. 2023; gpt-fast
+`speculative_decode`). With p_k the target's processed distribution after chain position k and
+q_k the draft distribution d_{k+1} was drawn from (sampling.py):
+
+    accepted  d_{k+1} with probability min(1, p_k(d_{k+1}) / q_k(d_{k+1})), in order, until
+              the first rejection; a = number accepted
+    recovered at the first rejection (a < B-1): y_a ~ normalize(max(p_a - q_a, 0))
+    bonus     if every draft is accepted (a = B-1): y_{B-1} ~ p_{B-1}
+
+Every committed token is then distributed exactly as the target's own sample at that position
+(for any q), so DOMINO sampling has the target's output distribution. Tokens p forbids (top-k /
+top-p / grammar: p = 0) are always rejected and never recovered.
 """
 
 from __future__ import annotations
 
 import torch
+
+from domino_sglang.sampling import RoundUniforms, SamplingRows, process_logits, sample_from
 
 
 def verify_greedy(chain: torch.Tensor, target_choice: torch.Tensor
@@ -30,3 +45,53 @@ def verify_greedy(chain: torch.Tensor, target_choice: torch.Tensor
     # Committed tokens: y_0..y_a. For k < a, y_k == d_{k+1}, so the row of target choices already
     # holds the accepted drafts followed by the bonus.
     return target_choice, accepted + 1
+
+
+def verify_sampled(chain: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                   u_accept: torch.Tensor, u_resample: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact rejection sampling of a drafted chain.
+
+    chain [bs, B] (x_t, d_1..d_{B-1}); q [bs, B-1, V] draft distributions (q_k drew d_{k+1});
+    p [bs, B, V] target distributions (p_k: after x_t, d_1..d_k); u_accept [bs, B-1] and
+    u_resample [bs, B] uniforms in (0, 1) (the coins, and the draw of the token at index a).
+    Returns (tokens [bs, B], accept_len [bs]) as verify_greedy: tokens[:, :accept_len] =
+    d_1..d_a then the recovered / bonus token; the rest of each row is padding.
+    """
+    bs, block, vocab = p.shape
+    assert chain.shape == (bs, block) and q.shape == (bs, block - 1, vocab), (chain.shape, q.shape)
+    drafts = chain[:, 1:]  # [bs, B-1]
+    q_d = q.gather(2, drafts[..., None]).squeeze(-1)  # [bs, B-1] q_k(d_{k+1})
+    p_d = p[:, :-1].gather(2, drafts[..., None]).squeeze(-1)  # [bs, B-1] p_k(d_{k+1})
+    # u < p/q accepts with probability min(1, p/q): always when p >= q (the draft is no more
+    # likely under q than under p), with probability p/q when q > p (q over-proposes it).
+    # Written as u * q < p: no division, and q(d) = 0 (never drawn) cannot divide by zero.
+    accept = (u_accept * q_d < p_d).to(torch.int32)  # [bs, B-1]
+    accepted = torch.cumprod(accept, dim=1).sum(dim=1)  # [bs] = a, without host sync
+    # Row a of the residual: max(p_a - q_a, 0), with q_{B-1} := 0 so that a = B-1 (all
+    # accepted) gives the bonus distribution p_{B-1} itself.
+    at = accepted[:, None, None].expand(-1, 1, vocab).long()
+    p_a = p.gather(1, at).squeeze(1)  # [bs, V]
+    q_a = torch.cat((q, q.new_zeros(bs, 1, vocab)), dim=1).gather(1, at).squeeze(1)
+    residual = (p_a - q_a).clamp_(min=0)
+    # Rejection implies p_a(d) < q_a(d), so some other token has p > q and the residual has
+    # mass; only rounding can empty it, and then p_a is the right fallback.
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_a)
+    y_a = sample_from(residual, u_resample.gather(1, accepted[:, None].long()).squeeze(1))
+    tokens = torch.cat((drafts, drafts[:, -1:]), dim=1).clone()  # [bs, B]
+    tokens.scatter_(1, accepted[:, None].long(), y_a[:, None].to(tokens.dtype))
+    return tokens, accepted + 1
+
+
+def verify_mixed(chain: torch.Tensor, logits: torch.Tensor, q: torch.Tensor,
+                 rows: SamplingRows, u: RoundUniforms) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch mixing greedy and sampled requests: logits [bs, B, V] are the target's verify
+    logits after the request's logit adjustments (penalties, bias, grammar mask); q and u from
+    the sampled rollout. Greedy rows (top_k <= 1) take verify_greedy's exact argmax path."""
+    bs, block, vocab = logits.shape
+    p = process_logits(logits.reshape(-1, vocab), rows.repeat(block)).view(bs, block, vocab)
+    tokens, accept_len = verify_sampled(chain, q, p, u.accept, u.resample)
+    g_tokens, g_len = verify_greedy(chain, logits.argmax(dim=-1))
+    greedy = rows.greedy
+    return (torch.where(greedy[:, None], g_tokens, tokens),
+            torch.where(greedy, g_len, accept_len))

@@ -1,0 +1,324 @@
+"""Lossless speculative sampling on tiny dimensions (pure torch, seconds).
+
+The central test runs DOMINO sampling (sampled head rollout + exact chain verification) for
+N = 20,000 independent requests (one seed each) on a tiny random target and head, and checks
+that the first three generated tokens follow the target's exact joint distribution (computed by
+enumeration over V^3 = 125 sequences) with a chi-square test at alpha = 1e-4 per case: with the
+4 cases below, a correct implementation fails with probability < 4e-4 over the choice of seeds
+(the seeds are fixed, so the test is deterministic). The same test must reject deliberately
+broken verifiers (power):
+  - recovering from p instead of normalize(max(p - q, 0)) at the first rejection,
+  - accepting every draft (committing the drafter's samples).
+Note that "accept d_{k+1} iff it equals a fresh sample y_k ~ p_k, commit y_a" is NOT broken: the
+committed token is y_k in both branches, so it is exact (with a lower acceptance rate); the test
+checks that it passes, which documents why it cannot serve as the power check.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chi2
+from torch import nn
+
+from domino_sglang.rollout import HeadParams, greedy_rollout
+from domino_sglang.sampling import (
+    RoundUniforms,
+    SamplingRows,
+    process_logits,
+    sample_from,
+    sampled_rollout,
+    seeded_uniform,
+)
+from domino_sglang.verify import verify_mixed, verify_sampled
+
+H, G, E, V, B = 8, 6, 5, 5, 4
+N = 20_000
+ALPHA = 1e-4
+PROMPT = (3, 1)
+
+
+def make_head(seed: int = 0, vocab: int = V) -> HeadParams:
+    torch.manual_seed(seed)
+    embed = nn.Embedding(vocab, H)
+    gru = nn.GRU(H, G, bias=False, batch_first=True)
+    proj = nn.Sequential(nn.Linear(H + G, E, bias=False), nn.SiLU(),
+                         nn.Linear(E, vocab, bias=False))
+    for p in [*gru.parameters(), *proj.parameters()]:
+        nn.init.normal_(p, std=1.5)  # a strong head: q differs clearly from p
+    return HeadParams(embed=embed, lm_head_weight=torch.randn(vocab, H), prefix_gru=gru,
+                      embed_proj=proj)
+
+
+def make_rows(n: int, temperature=1.0, top_k=1 << 30, top_p=1.0, min_p=0.0, seed0=0,
+              need_sort=True) -> SamplingRows:
+    full = lambda v, dt: torch.full((n,), v, dtype=dt)  # noqa: E731
+    return SamplingRows(temperature=full(temperature, torch.float32),
+                        top_k=full(top_k, torch.int64), top_p=full(top_p, torch.float32),
+                        min_p=full(min_p, torch.float32),
+                        seed=torch.arange(seed0, seed0 + n, dtype=torch.int64),
+                        need_sort=need_sort)
+
+
+class TinyTarget:
+    """p(next | ..., a, b) = softmax(W1[b] + W2[a]): a bigram-of-two target."""
+
+    def __init__(self, seed: int = 7):
+        g = torch.Generator().manual_seed(seed)
+        self.w1 = 1.5 * torch.randn(V, V, generator=g)
+        self.w2 = 1.5 * torch.randn(V, V, generator=g)
+
+    def logits(self, prev2: torch.Tensor, prev1: torch.Tensor) -> torch.Tensor:
+        return self.w1[prev1] + self.w2[prev2]
+
+    def joint3(self, rows: SamplingRows) -> torch.Tensor:
+        """Exact P(y1, y2, y3) [V, V, V] of plain sampling after PROMPT."""
+        one = SamplingRows(*(t[:1] for t in (rows.temperature, rows.top_k, rows.top_p,
+                                              rows.min_p, rows.seed)), rows.need_sort)
+
+        def dist(a, b):
+            return process_logits(self.logits(torch.tensor([a]), torch.tensor([b])), one)[0]
+
+        p1 = dist(*PROMPT)
+        joint = torch.zeros(V, V, V, dtype=torch.float64)
+        for y1 in range(V):
+            p2 = dist(PROMPT[1], y1)
+            for y2 in range(V):
+                joint[y1, y2] = p1[y1] * p2[y2] * dist(y1, y2).double()
+        return joint
+
+
+def run_domino(target: TinyTarget, head: HeadParams, rows: SamplingRows, verify,
+               tokens: int = 3) -> torch.Tensor:
+    """Rounds of draft -> verify -> commit for every row until `tokens` are generated.
+
+    Returns the first `tokens` generated ids per row [n, tokens].
+    """
+    n = rows.seed.shape[0]
+    hist = torch.zeros(n, len(PROMPT) + B * tokens, dtype=torch.int64)
+    hist[:, :2] = torch.tensor(PROMPT)
+    length = torch.full((n,), len(PROMPT))
+    ar = torch.arange(n)
+    z = torch.randn(1, B, H, generator=torch.Generator().manual_seed(3)).expand(n, -1, -1)
+    while int(length.min()) < len(PROMPT) + tokens:
+        x_t, prev = hist[ar, length - 1], hist[ar, length - 2]
+        u = RoundUniforms.for_round(rows.seed, length - 1, B)  # x_t at position length - 1
+        drafts, q = sampled_rollout(z, x_t, head, rows, u.draft)
+        chain = torch.cat((x_t[:, None], drafts), dim=1)  # [n, B]
+        logits = target.logits(torch.cat((prev[:, None], chain[:, :-1]), 1), chain)  # [n,B,V]
+        out, acc = verify(chain, logits, q, rows, u)
+        for j in range(B):
+            keep = j < acc
+            hist[ar[keep], length[keep] + j] = out[keep, j]
+        length = length + acc
+    return hist[:, len(PROMPT):len(PROMPT) + tokens]
+
+
+def chi_square(samples: torch.Tensor, joint: torch.Tensor) -> tuple[float, float, int]:
+    """(statistic, critical value at ALPHA, samples in zero-probability cells)."""
+    flat = samples[:, 0] * V * V + samples[:, 1] * V + samples[:, 2]
+    counts = torch.bincount(flat, minlength=V**3).double()
+    expected = joint.reshape(-1) * samples.shape[0]
+    forbidden = int(counts[expected == 0].sum())
+    small = (expected > 0) & (expected < 5)  # pool sparse cells into one bucket
+    obs = torch.cat((counts[expected >= 5], counts[small].sum()[None]))
+    exp = torch.cat((expected[expected >= 5], expected[small].sum()[None]))
+    obs, exp = obs[exp > 0], exp[exp > 0]
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    return stat, float(chi2.ppf(1 - ALPHA, len(exp) - 1)), forbidden
+
+
+# ---- deliberately broken and alternative verifiers (same signature as verify_mixed) ----
+def _p(logits, rows):
+    n, b, v = logits.shape
+    return process_logits(logits.reshape(-1, v), rows.repeat(b)).view(n, b, v)
+
+
+def recover_from_p(chain, logits, q, rows, u):
+    """BROKEN: correct coins, but the first rejection resamples from p_a, not the residual."""
+    p = _p(logits, rows)
+    bs = p.shape[0]
+    d = chain[:, 1:]
+    q_d, p_d = q.gather(2, d[..., None])[..., 0], p[:, :-1].gather(2, d[..., None])[..., 0]
+    accept = u.accept * q_d < p_d
+    a = torch.cumprod(accept.int(), 1).sum(1)
+    y = sample_from(p[torch.arange(bs), a], u.resample[torch.arange(bs), a])
+    out = torch.cat((d, d[:, -1:]), 1).clone()
+    out[torch.arange(bs), a] = y
+    return out, a + 1
+
+
+def accept_all(chain, logits, q, rows, u):
+    """BROKEN: every draft accepted (the drafter's samples are committed)."""
+    bonus = sample_from(_p(logits, rows)[:, -1], u.resample[:, -1])
+    return torch.cat((chain[:, 1:], bonus[:, None]), 1), torch.full((chain.shape[0],), B)
+
+
+def equality_with_p_sample(chain, logits, q, rows, u):
+    """Exact (not broken): y_k ~ p_k; accept d_{k+1} iff d_{k+1} == y_k; commit y_a."""
+    p = _p(logits, rows)
+    bs, b, v = p.shape
+    y = sample_from(p.reshape(-1, v), u.resample.reshape(-1)).view(bs, b)
+    a = torch.cumprod((chain[:, 1:] == y[:, :-1]).int(), 1).sum(1)
+    return y, a + 1
+
+
+CASES = {
+    "temperature": dict(temperature=0.8),
+    "top_k": dict(temperature=1.0, top_k=3),
+    "top_p": dict(temperature=1.0, top_p=0.85),
+    "top_k_top_p_min_p": dict(temperature=1.3, top_k=4, top_p=0.9, min_p=0.1),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_domino_sampling_matches_target_distribution(case):
+    target, head = TinyTarget(), make_head(0)
+    rows = make_rows(N, **CASES[case])
+    joint = target.joint3(rows)
+    samples = run_domino(target, head, rows, verify_mixed)
+    stat, crit, forbidden = chi_square(samples, joint)
+    print(f"\n{case}: chi2 {stat:.1f} (critical {crit:.1f} at alpha {ALPHA})")
+    assert forbidden == 0  # never a sequence plain sampling cannot produce (top-k/top-p/min-p)
+    assert stat < crit
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_broken_verifiers_fail_the_same_test(case):
+    target, head = TinyTarget(), make_head(0)
+    rows = make_rows(N, **CASES[case])
+    joint = target.joint3(rows)
+    for broken in (recover_from_p, accept_all):
+        stat, crit, forbidden = chi_square(run_domino(target, head, rows, broken), joint)
+        print(f"\n{case} {broken.__name__}: chi2 {stat:.1f} (critical {crit:.1f})")
+        assert stat > crit or forbidden > 0, broken.__name__
+    # the equality rule is exact, so it passes
+    stat, crit, forbidden = chi_square(run_domino(target, head, rows, equality_with_p_sample),
+                                       joint)
+    assert stat < crit and forbidden == 0
+
+
+def test_domino_sampling_accepts_drafts():
+    """The test above is not vacuous: many drafts are accepted (a rollout that is always
+    rejected would pass it trivially)."""
+    target, head = TinyTarget(), make_head(0)
+    rows = make_rows(4000, temperature=1.0)
+    n = rows.seed.shape[0]
+    x_t = torch.full((n,), PROMPT[1])
+    z = torch.randn(1, B, H, generator=torch.Generator().manual_seed(3)).expand(n, -1, -1)
+    u = RoundUniforms.for_round(rows.seed, torch.ones(n, dtype=torch.int64), B)
+    drafts, q = sampled_rollout(z, x_t, head, rows, u.draft)
+    chain = torch.cat((x_t[:, None], drafts), 1)
+    logits = target.logits(torch.cat((torch.full((n, 1), PROMPT[0]), chain[:, :-1]), 1), chain)
+    _, acc = verify_mixed(chain, logits, q, rows, u)
+    tau, lengths = float(acc.double().mean()), torch.bincount(acc, minlength=B + 1)[1:]
+    print(f"\ntau {tau:.2f}, accept lengths 1..{B}: {lengths.tolist()}")
+    assert tau > 1.15 and bool((lengths > 0).all())  # every accept length occurs
+
+
+def test_seeds_reproduce_and_differ():
+    target, head = TinyTarget(), make_head(1)
+    a = run_domino(target, head, make_rows(64, temperature=1.0, seed0=100), verify_mixed, 6)
+    b = run_domino(target, head, make_rows(64, temperature=1.0, seed0=100), verify_mixed, 6)
+    c = run_domino(target, head, make_rows(64, temperature=1.0, seed0=500), verify_mixed, 6)
+    assert torch.equal(a, b)
+    assert (a != c).any(dim=1).float().mean() > 0.5  # most requests differ with another seed
+    # a request's output depends on its seed only, not on its batch neighbours
+    one = run_domino(target, head, make_rows(1, temperature=1.0, seed0=100), verify_mixed, 6)
+    assert torch.equal(one[0], a[0])
+
+
+def test_mixed_batch_greedy_rows_are_exact():
+    """Greedy rows (top_k = 1, as SGLang encodes temperature 0) in a batch with sampled rows
+    produce the target's greedy continuation token for token."""
+    target, head = TinyTarget(), make_head(2)
+    rows = make_rows(16, temperature=0.9)
+    rows.top_k[::2] = 1
+    rows.temperature[::2] = 1.0
+    out = run_domino(target, head, rows, verify_mixed, 6)
+    seq = list(PROMPT)
+    for _ in range(6):
+        seq.append(int(target.logits(torch.tensor(seq[-2]), torch.tensor(seq[-1])).argmax()))
+    greedy = torch.tensor(seq[2:])
+    assert all(torch.equal(out[i], greedy) for i in range(0, 16, 2))
+    assert not all(torch.equal(out[i], greedy) for i in range(1, 16, 2))
+
+
+def test_all_greedy_rows_roll_out_like_greedy_rollout():
+    head = make_head(3, vocab=11)
+    z, bonus = torch.randn(5, 6, H), torch.randint(0, 11, (5,))
+    rows = make_rows(5, top_k=1)
+    u = RoundUniforms.for_round(rows.seed, torch.zeros(5, dtype=torch.int64), 6)
+    drafts, q = sampled_rollout(z, bonus, head, rows, u.draft)
+    assert torch.equal(drafts, greedy_rollout(z, bonus, head))
+    assert torch.equal(q.argmax(-1), drafts) and torch.all(q.amax(-1) == 1)
+
+
+def test_gru_consumes_the_sampled_tokens():
+    """q_i equals processed(base_i + head(z_i, nn.GRU over [x_t, d_1..d_i])) recomputed
+    one request at a time from the SAMPLED drafts."""
+    head = make_head(4, vocab=11)
+    z, bonus = torch.randn(3, 6, H), torch.randint(0, 11, (3,))
+    rows = make_rows(3, temperature=1.2, top_p=0.95)
+    u = RoundUniforms.for_round(rows.seed, torch.zeros(3, dtype=torch.int64), 6)
+    drafts, q = sampled_rollout(z, bonus, head, rows, u.draft)
+    with torch.no_grad():
+        for b in range(3):
+            base = z[b, :-1] @ head.lm_head_weight.T
+            one = make_rows(1, temperature=1.2, top_p=0.95)
+            for i in range(1, 5):
+                prefix = torch.tensor([int(bonus[b]), *drafts[b, :i].tolist()])
+                _, s = head.prefix_gru(head.embed(prefix)[None])
+                logits = base[i] + head.embed_proj(torch.cat([z[b, i], s[0, 0]]))
+                torch.testing.assert_close(q[b, i], process_logits(logits[None], one)[0])
+
+
+def test_verify_sampled_edge_cases():
+    p = torch.softmax(torch.randn(4, B, V), -1)
+    chain = torch.cat((torch.zeros(4, 1, dtype=torch.int64),
+                       sample_from(p[:, :-1].reshape(-1, V), torch.rand(4 * (B - 1))).view(4, -1)),
+                      1)
+    u_acc, u_res = torch.rand(4, B - 1) * 0.999, torch.rand(4, B)
+    # q == p: every draft accepted, the bonus drawn from p_{B-1}
+    tokens, acc = verify_sampled(chain, p[:, :-1], p, u_acc, u_res)
+    assert torch.equal(acc, torch.full((4,), B)) and torch.equal(tokens[:, :-1], chain[:, 1:])
+    # p forbids the first draft: rejected at once; the recovered token has p > 0
+    p2 = p.clone()
+    p2[torch.arange(4), 0, chain[:, 1]] = 0
+    p2 = p2 / p2.sum(-1, keepdim=True)
+    tokens, acc = verify_sampled(chain, p[:, :-1], p2, u_acc, u_res)
+    assert torch.equal(acc, torch.ones(4, dtype=acc.dtype))
+    assert torch.all(p2[torch.arange(4), 0, tokens[:, 0]] > 0)
+
+
+def test_seeded_uniform_is_uniform_and_pure():
+    seed = torch.arange(2000, dtype=torch.int64) * 7919 - 10**12
+    pos = torch.arange(50)[None].expand(2000, -1)
+    u = seeded_uniform(seed, pos, 1)
+    assert torch.equal(u, seeded_uniform(seed, pos, 1))
+    assert not torch.equal(u, seeded_uniform(seed, pos, 2))
+    assert float(u.min()) > 0 and float(u.max()) < 1
+    counts = torch.histc(u.float(), bins=20, min=0, max=1).double()
+    exp = u.numel() / 20
+    assert float(((counts - exp) ** 2 / exp).sum()) < chi2.ppf(1 - ALPHA, 19)
+
+
+def test_process_logits_equals_sglang_cpu_sampler_filter():
+    """Same support and renormalised weights as SGLang's pytorch-backend sampler."""
+    from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch
+
+    torch.manual_seed(0)
+    n, vocab = 6, 50
+    logits = 3 * torch.randn(n, vocab)
+    rows = SamplingRows(temperature=torch.tensor([0.5, 1.0, 1.5, 0.8, 1.0, 1.0]),
+                        top_k=torch.tensor([1 << 30, 5, 20, 1 << 30, 3, 1]),
+                        top_p=torch.tensor([0.9, 1.0, 0.7, 0.5, 0.95, 1.0]),
+                        min_p=torch.tensor([0.0, 0.0, 0.05, 0.2, 0.0, 0.0]),
+                        seed=torch.zeros(n, dtype=torch.int64))
+    probs = torch.softmax(logits / rows.temperature[:, None], -1)
+    _, filtered, idx, _ = top_k_top_p_min_p_sampling_from_probs_torch(
+        probs.clone(), rows.top_k.int(), rows.top_p, rows.min_p, True, None,
+        torch.zeros(n, dtype=torch.int64), return_filtered_probs=True)
+    expected = torch.zeros_like(probs).scatter_(-1, idx.long(), filtered)
+    expected = expected / expected.sum(-1, keepdim=True)
+    torch.testing.assert_close(process_logits(logits, rows), expected)
