@@ -9,8 +9,11 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.domino-sglang-installed
 PORT    ?= 30000
 PYTEST_ARGS ?=
+HOST    ?= http://127.0.0.1:$(PORT)
+USERS   ?= 4
+DURATION ?= 60s
 
-.PHONY: venv target serve serve-ar test test-fast lint bench clean
+.PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,7 +34,16 @@ serve: target
 serve-ar: target
 	$(BIN)/domino-sglang serve --port $(PORT) --no-speculation
 
-test: target
+# promtool and prometheus (Debian package `prometheus`) for the deploy/metrics tests: installed
+# here when missing and apt-get is usable (root); otherwise those tests skip and say why.
+tools:
+	@command -v promtool >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null \
+	  || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
+	  || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive \
+	       apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; } \
+	  || echo "warning: could not install the Debian package prometheus (promtool)"
+
+test: target tools
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
@@ -43,6 +55,25 @@ lint: venv
 
 bench: target
 	$(BIN)/python benchmarks/ar_baseline.py
+
+# Headless locust run against a running server (`make serve` in another shell): CSV + summary
+# under benchmarks/results/loadtest/. make loadtest HOST=http://127.0.0.1:30000 USERS=8 DURATION=5m
+loadtest: venv
+	$(BIN)/python benchmarks/loadtest.py --host $(HOST) --users $(USERS) --duration $(DURATION)
+
+# The shipped drafter's recipe (hours on 2 CPU cores; every stage resumes where it stopped).
+RECIPE     ?= domino_sglang/train/recipes/smollm2-135m.toml
+REGEN_DATA ?= $(HOME)/.cache/domino_sglang/data/sharegpt-greedy256.jsonl
+REGEN_N    ?= 8000
+RUN_DIR    ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino
+SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
+
+regenerate: target
+	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --limit $(REGEN_N) --concurrency 64
+
+train-drafter: regenerate
+	$(BIN)/domino-sglang train --config $(RECIPE) --data $(REGEN_DATA) --out $(RUN_DIR)
+	cp $(RUN_DIR)/drafter/config.json $(RUN_DIR)/drafter/model.safetensors $(SHIPPED)/
 
 clean:
 	rm -rf $(VENV)
