@@ -19,6 +19,7 @@ import os
 
 import torch
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+from sglang.srt.layers.sampler import apply_custom_logit_processor
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.model_executor.forward_batch_info import (
@@ -33,6 +34,7 @@ from sglang.srt.speculative.draft_worker_common import (
     make_draft_block_spec_info,
     make_draft_input_v2,
 )
+from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
 from domino_sglang.algorithm import candidate_pool_from_env
 from domino_sglang.config import (
@@ -44,7 +46,16 @@ from domino_sglang.config import (
 from domino_sglang.metrics import DominoMetrics, head_change_outcomes
 from domino_sglang.model import sglang_draft_model_class
 from domino_sglang.rollout import greedy_rollout
-from domino_sglang.verify import verify_greedy
+from domino_sglang.sampling import (
+    RESAMPLE,
+    RoundUniforms,
+    SamplingRows,
+    process_logits,
+    sample_from,
+    sampled_rollout,
+    seeded_uniform,
+)
+from domino_sglang.verify import verify_greedy, verify_mixed
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +140,7 @@ class DominoWorker(BaseSpecWorker):
                                  pp_proxy_tensors=None) -> GenerationBatchResult:
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             return self.prefill(batch, on_publish)
-        return self.decode_round(batch, on_publish)
+        return self.decode_round(batch, on_publish, grammar_barrier)
 
     def prefill(self, batch, on_publish) -> GenerationBatchResult:
         """Target prefill with the drafter's target layers captured; their projected K/V go into
@@ -147,23 +158,28 @@ class DominoWorker(BaseSpecWorker):
         positions = torch.repeat_interleave(prefix - first, extend) + flat
         self.write_draft_context(out.logits_output.hidden_states, positions, batch.out_cache_loc)
         out.logits_output.hidden_states = None
+        self.reseed_first_tokens(batch, out)
         out.next_draft_input = make_draft_input_v2(bonus_tokens=out.next_token_ids,
                                                    new_seq_lens=batch.seq_lens)
         return out
 
-    def decode_round(self, batch, on_publish) -> GenerationBatchResult:
+    def decode_round(self, batch, on_publish, grammar_barrier=None) -> GenerationBatchResult:
         """One round for every running request (bs of them, block size B):
 
           1. draft:   z = backbone([x_t, MASK x (B-1)] | context K/V)        one pass, all blocks
           2. refine:  d_1 = argmax base_0; d_{i+1} = argmax(base_i + head(z_i, GRU(x_t, d_1..d_i)))
-          3. verify:  y = argmax p(. | prefix, x_t, d_1..d_{B-1})           one target pass
-          4. accept:  a = longest k with d_1..d_k == y_0..y_{k-1}; commit y_0..y_a (a + 1 tokens)
+                      (sampled batches: d_{i+1} ~ q_i, the same logits after the request's
+                      sampling transform; the GRU consumes the sampled token)
+          3. verify:  logits of p(. | prefix, x_t, d_1..d_{B-1}), one target pass, then the
+                      request's penalties / logit bias / grammar mask
+          4. accept:  greedy: a = longest k with d_1..d_k == y_0..y_{k-1}; commit y_0..y_a
+                      sampled: exact rejection sampling (verify.py); either way a + 1 tokens
           5. commit:  seq_len += a + 1; the target features of the committed tokens enter the
                       draft KV cache, so the next block sees them as context
         """
         draft_input = batch.spec_info
         bs, block = len(batch.seq_lens), self.block_size
-        self._warn_unsupported(batch)
+        sampled = not batch.sampling_info.is_all_greedy
         prefix_lens = batch.seq_lens  # committed tokens (x_t, the bonus, is not among them)
         chain = torch.full((bs, block), self.conf.mask_token_id, dtype=torch.int64,
                            device=self.device)
@@ -173,12 +189,26 @@ class DominoWorker(BaseSpecWorker):
 
         clock = self.metrics.clock()
         z = self.draft_block(batch, chain, positions, slots)  # [bs, B, H]
-        chain[:, 1:], base_pick = greedy_rollout(z, chain[:, 0], self.head, self.candidate_pool,
-                                                 use_head=self.use_head, return_base_pick=True)
+        if sampled:  # q [bs, B-1, V]: the distributions the drafts were drawn from
+            rows = SamplingRows.from_sampling_info(batch.sampling_info, self.seeds(batch))
+            u = RoundUniforms.for_round(rows.seed, prefix_lens, block)
+            chain[:, 1:], q = sampled_rollout(
+                z, chain[:, 0], self.head, rows, u.draft, self.candidate_pool,
+                use_head=self.use_head, logit_bias=batch.sampling_info.logit_bias)
+        else:
+            chain[:, 1:], base_pick = greedy_rollout(
+                z, chain[:, 0], self.head, self.candidate_pool, use_head=self.use_head,
+                return_base_pick=True)
         clock.mark()  # drafted
+        grammar = GrammarTree.from_linear_chain(chain) if batch.has_grammar else None
         logits_output, hidden = self.verify_forward(batch, chain, positions, slots)
-        target_choice = logits_output.next_token_logits.argmax(dim=-1).view(bs, block)
-        tokens, accept_lens = verify_greedy(chain, target_choice)
+        logits = self.target_logits(batch, logits_output, grammar, grammar_barrier)  # [bs,B,V]
+        if sampled:
+            tokens, accept_lens = verify_mixed(chain, logits, q, rows, u)
+        else:
+            target_choice = logits.argmax(dim=-1)  # [bs, B]
+            tokens, accept_lens = verify_greedy(chain, target_choice)
+        accept_lens = self.cap_penalized(batch, accept_lens)
         clock.mark()  # verified
 
         if batch.return_logprob:  # logprobs of chain row b*B + j for committed token (b, j)
@@ -192,8 +222,9 @@ class DominoWorker(BaseSpecWorker):
         logits_output.hidden_states = None
         bonus = tokens.gather(1, (accept_lens - 1)[:, None]).squeeze(1)
         if self.metrics.enabled:
-            self.metrics.record_round(accept_lens, block, clock, head_change_outcomes(
-                chain[:, 1:], base_pick, target_choice, accept_lens))
+            self.metrics.record_round(accept_lens, block, clock, None if sampled else
+                                      head_change_outcomes(chain[:, 1:], base_pick,
+                                                           target_choice, accept_lens))
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=tokens.reshape(-1),
@@ -204,16 +235,81 @@ class DominoWorker(BaseSpecWorker):
             new_seq_lens=new_seq_lens,
         )
 
-    def _warn_unsupported(self, batch) -> None:
-        """Sampled and grammar-constrained verification are not implemented yet: say so once."""
-        info = batch.sampling_info
-        if not info.is_all_greedy and "sampling" not in self._warned:
-            self._warned.add("sampling")
-            logger.warning("DOMINO verifies greedily: requests with temperature > 0 get the "
-                           "greedy continuation (exact speculative sampling is not implemented)")
-        if batch.has_grammar and "grammar" not in self._warned:
-            self._warned.add("grammar")
-            logger.warning("DOMINO does not apply grammar masks during verification yet")
+    # ---- sampling-time logit processing (what SGLang's sampler applies for plain decoding) ----
+    def target_logits(self, batch, logits_output, grammar, grammar_barrier) -> torch.Tensor:
+        """The verify logits [bs, B, V], processed in place in SGLang's sampler order: custom
+        logit processors, penalties, grammar mask, logit bias (temperature / top-k / top-p /
+        min-p follow in verify_mixed). The grammar mask of chain position k is the grammar state
+        after x_t, d_1..d_k (SGLang's `build_grammar_vocab_mask` over the chain, as DFLASH):
+        a draft the grammar forbids has p = 0 and is never accepted nor recovered. The drafts
+        themselves are not masked (that would need the host grammar per token); exactness does
+        not need it. `grammar_barrier` advances the previous round's FSMs first."""
+        info, flat = batch.sampling_info, logits_output.next_token_logits  # [bs*B, V]
+        mask = None
+        if grammar is not None:  # also clears the extend stage's stale info.grammar_mask
+            mask = build_grammar_vocab_mask(reqs=batch.reqs, tree=grammar, sampling_info=info,
+                                            device=flat.device, barrier=grammar_barrier)
+        if info.has_custom_logit_processor:
+            apply_custom_logit_processor(flat, info, num_tokens_in_batch=self.block_size)
+        if info.penalizer_orchestrator is not None and info.penalizer_orchestrator.is_required:
+            batch.cumulate_penalty_output_tokens()  # x_t, as plain decoding's prepare_for_decode
+            info.penalizer_orchestrator.apply(flat, repeat=self.block_size)
+        if mask is not None:
+            mask.apply(flat)
+        logits = flat.view(len(batch.seq_lens), self.block_size, -1)
+        if info.logit_bias is not None:
+            logits.add_(info.logit_bias[:, None, :].to(logits.dtype))
+        return logits
+
+    def cap_penalized(self, batch, accept_lens: torch.Tensor) -> torch.Tensor:
+        """Requests with frequency / presence / repetition penalties or min_new_tokens commit one
+        token per round (the accepted draft or recovered token at chain index 0).
+
+        SGLang's penalizer state is per request, not per chain position, and DFLASH-family
+        rounds do not feed it the committed tokens. Committing exactly one token per round, fed
+        back at the next round's start (`cumulate_penalty_output_tokens`, as plain decoding
+        does), keeps these requests exact; any accepted token is a valid sample of its
+        position, so truncating the accepted prefix is lossless."""
+        orchestrator = batch.sampling_info.penalizer_orchestrator
+        if orchestrator is None or not orchestrator.is_required:
+            return accept_lens
+        penalized = torch.tensor([_has_penalty(r.sampling_params) for r in batch.reqs],
+                                 device=accept_lens.device)
+        if "penalty" not in self._warned:
+            self._warned.add("penalty")
+            logger.info("DOMINO: requests with penalties / min_new_tokens commit one token per "
+                        "round (exact, no speculative speed-up)")
+        return torch.where(penalized, torch.ones_like(accept_lens), accept_lens)
+
+    @staticmethod
+    def seeds(batch) -> list[int | None]:
+        """Each request's `sampling_seed` (None: a fresh random seed every round)."""
+        return [r.sampling_params.sampling_seed for r in batch.reqs]
+
+    def reseed_first_tokens(self, batch, out) -> None:
+        """Redraw the prefill token of requests with a `sampling_seed` from their seed.
+
+        SGLang's CPU/pytorch sampler ignores `sampling_seed` unless deterministic inference is
+        on (whose seeded sampler is a Triton kernel), so without this the first token would not
+        be reproducible. In the non-greedy path the sampler leaves softmax(processed logits / T)
+        in `next_token_logits` (in place); top-k / top-p / min-p are applied here as it does.
+        Skipped with logprobs (the returned logprob belongs to SGLang's own draw)."""
+        info, seeds = batch.sampling_info, self.seeds(batch)
+        if info.is_all_greedy or batch.return_logprob or all(s is None for s in seeds):
+            return
+        probs = out.logits_output.next_token_logits  # [bs, V]
+        if probs is None or not torch.allclose(probs.sum(-1), probs.new_ones(probs.shape[0]),
+                                               atol=1e-3):
+            return
+        rows = SamplingRows.from_sampling_info(info, seeds)
+        rows.temperature = torch.ones_like(rows.temperature)  # already divided by T
+        weights = process_logits(probs.log(), rows)  # log 0 = -inf: masked tokens stay at 0
+        # the first output token sits at position seq_len (decode rounds draw at > seq_len)
+        u = seeded_uniform(rows.seed, batch.seq_lens.long()[:, None], RESAMPLE)[:, 0]
+        redraw = torch.tensor([s is not None for s in seeds], device=probs.device) & ~rows.greedy
+        drawn = sample_from(weights, u)
+        out.next_token_ids = torch.where(redraw, drawn.to(out.next_token_ids.dtype),
+                                         out.next_token_ids)
 
     # ---- steps of the round ----
     def block_slots(self, batch, prefix_lens: torch.Tensor) -> torch.Tensor:
@@ -279,3 +375,9 @@ class DominoWorker(BaseSpecWorker):
             kvs = self.draft_model.drafter.context_kv(target_hidden, positions)
             for attn, (k, v) in zip(self.draft_model.attn, kvs):
                 pool.set_kv_buffer(attn, KVWriteLoc(slots, physical=True), k, v)
+
+
+def _has_penalty(params) -> bool:
+    """A request whose logits depend on its own output so far (SGLang's penalizers)."""
+    return (params.frequency_penalty != 0 or params.presence_penalty != 0
+            or params.repetition_penalty != 1 or params.min_new_tokens > 0)

@@ -1,0 +1,82 @@
+"""DOMINO sampling inside the real SGLang server on CPU (one float32 server for the module).
+
+Drafter: the constructed repeat drafter (tests/drafters.py), block 4. It is accepted on a
+repetitive prompt and wrong almost everywhere else, so one server exercises both the rejection /
+recovery path and multi-token commits at temperature > 0.
+Reference for greedy requests: transformers' fp32 greedy decoding, which equals SGLang's own
+plain (AR) fp32 decoding token for token (tests/test_parity_transformers.py); using it keeps a
+single SGLang server alive at a time.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+import torch
+
+from domino_sglang.local_server import start_server
+from tests.drafters import make_repeat_drafter
+from tests.test_parity_transformers import NEW_TOKENS, _strip_eos, hf_greedy
+
+pytestmark = pytest.mark.server
+SAMPLED = {"temperature": 0.8, "top_p": 0.95, "top_k": 50}
+REPEAT_PROMPT = "Repeat the word cat ten times: cat cat cat cat"
+
+
+@pytest.fixture(scope="module")
+def server(target_path, tmp_path_factory):
+    drafter = make_repeat_drafter(target_path, tmp_path_factory.mktemp("d") / "repeat4", 4)
+    with start_server("domino-sampling", ["--dtype", "float32", "--max-total-tokens", "16384"],
+                      ["--speculative-algorithm", "DOMINO", "--speculative-draft-model-path",
+                       str(drafter)]) as srv:
+        yield srv
+
+
+def generate(server, ids, params):
+    r = requests.post(f"{server.url}/generate", json={
+        "input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, **params},
+    }, timeout=600)
+    r.raise_for_status()
+    return r.json()
+
+
+def test_mixed_batch_greedy_exact_and_seeds(server, target_path, chat_ids, tokenizer):
+    greedy_ids = chat_ids[:4]
+    expected = hf_greedy(target_path, greedy_ids, torch.float32)
+    jobs = [(ids, {"temperature": 0}) for ids in greedy_ids]
+    jobs += [(ids, {**SAMPLED, "sampling_seed": 1000 + i}) for i, ids in enumerate(chat_ids[4:])]
+    jobs += [(chat_ids[4], {**SAMPLED, "sampling_seed": 1000})]  # repeats job 4 in the batch
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        out = list(pool.map(lambda job: generate(server, *job), jobs))
+    # greedy requests sharing rounds with sampled ones: exactly their AR tokens
+    assert [_strip_eos(o["output_ids"]) for o in out[:4]] == [_strip_eos(e) for e in expected]
+    sampled = [o["output_ids"] for o in out[4:]]
+    # same seed: the same output, alone or next to other requests; a different seed differs
+    alone = generate(server, chat_ids[4], {**SAMPLED, "sampling_seed": 1000})["output_ids"]
+    other = generate(server, chat_ids[4], {**SAMPLED, "sampling_seed": 1001})["output_ids"]
+    assert sampled[0] == sampled[-1] == alone
+    assert other != alone
+    # sampled requests really sample (not the greedy continuation)
+    greedy_4 = generate(server, chat_ids[4], {"temperature": 0})["output_ids"]
+    assert alone != greedy_4 or other != greedy_4
+    print("\nseeded sample:", tokenizer.decode(alone)[:120].replace("\n", " "))
+
+
+def test_sampled_drafts_are_accepted(server, tokenizer):
+    """At temperature 0.7 the target keeps repeating " cat"; the repeat drafter's sampled drafts
+    are accepted and multi-token rounds are committed (tau > 1.5), and unseeded requests
+    still differ from one another on an open-ended prompt."""
+    ids = tokenizer(REPEAT_PROMPT).input_ids
+    out = generate(server, ids, {"temperature": 0.7, "max_new_tokens": 40})
+    meta = out["meta_info"]
+    tau = meta["completion_tokens"] / meta["spec_verify_ct"]
+    print(f"\nrepeat drafter at T=0.7: tau {tau:.2f} ({meta['completion_tokens']} tokens in "
+          f"{meta['spec_verify_ct']} rounds): {out['text'][:60]!r}")
+    assert tau > 1.5
+    assert meta["spec_verify_ct"] >= meta["completion_tokens"] / 4  # at most B per round
+    story = tokenizer("Write a short story about a dragon.").input_ids
+    a, b = (generate(server, story, {"temperature": 1.0, "max_new_tokens": 16})["output_ids"]
+            for _ in range(2))
+    assert a != b
