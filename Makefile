@@ -34,14 +34,17 @@ serve: target
 serve-ar: target
 	$(BIN)/domino-sglang serve --port $(PORT) --no-speculation
 
-# promtool and prometheus (Debian package `prometheus`) for the deploy/metrics tests: installed
-# here when missing and apt-get is usable (root); otherwise those tests skip and say why.
+# Debian packages for the deploy/metrics tests: prometheus (prometheus + promtool) and
+# docker-compose (validates deploy/docker-compose.yml). Installed here when missing and apt-get
+# is usable (root); otherwise those tests skip and say why.
+DEB_TOOLS := prometheus docker-compose
 tools:
-	@command -v promtool >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null \
-	  || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
+	@{ command -v promtool && command -v docker-compose; } >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] \
+	  || ! command -v apt-get >/dev/null \
+	  || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(DEB_TOOLS) >/dev/null 2>&1 \
 	  || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive \
-	       apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; } \
-	  || echo "warning: could not install the Debian package prometheus (promtool)"
+	       apt-get install -y -q --no-install-recommends $(DEB_TOOLS) >/dev/null 2>&1; } \
+	  || echo "warning: could not install the Debian packages $(DEB_TOOLS)"
 
 test: target tools
 	$(BIN)/ruff check .

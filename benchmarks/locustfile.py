@@ -73,6 +73,10 @@ class ChatUser(HttpUser):
 
     wait_time = between(0, 0)
 
+    def on_start(self) -> None:
+        # Deterministic mix: the first request streams, then the share follows --stream-ratio.
+        self.stream_credit = 1.0 - self.environment.parsed_options.stream_ratio
+
     def body(self, prompt: str, stream: bool) -> dict:
         opts = self.environment.parsed_options
         body = {"model": opts.model, "messages": [{"role": "user", "content": prompt}],
@@ -87,7 +91,9 @@ class ChatUser(HttpUser):
         opts = self.environment.parsed_options
         prompt_set = random.choice(list(PROMPTS))
         prompt = random.choice(PROMPTS[prompt_set])
-        if random.random() < opts.stream_ratio:
+        self.stream_credit += opts.stream_ratio
+        if self.stream_credit >= 1.0 - 1e-9:
+            self.stream_credit -= 1.0
             self.streamed(prompt_set, prompt)
         else:
             self.plain(prompt_set, prompt)
