@@ -109,7 +109,8 @@ def _drain(pool: ThreadPoolExecutor, url: str, todo: list, out_path: Path, conf:
                 pending[pool.submit(_generate, url, nxt[1], conf)] = nxt
             if not pending:
                 break
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            # a timeout keeps the main thread responsive to Ctrl-C
+            finished, _ = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
             for fut in finished:
                 pid, prompt_ids = pending.pop(fut)
                 rec = {"id": pid, "prompt_ids": prompt_ids, **fut.result()}

@@ -109,6 +109,9 @@ def load_train_config(path: str | Path | None, overrides: dict | None = None) ->
             raw[key] = value = float(value)
         if type(value) is not kind:
             raise TrainConfigError(f"train: '{key}' must be {kind.__name__}, got {value!r}")
+    for key in ("data", "out", "target", "init"):
+        if isinstance(raw.get(key), str) and raw[key]:
+            raw[key] = str(Path(raw[key]).expanduser())
     return TrainConfig(**raw).validate()
 
 
