@@ -78,8 +78,9 @@ def verify_sampled(chain: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
     # mass; only rounding can empty it, and then p_a is the right fallback.
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_a)
     y_a = sample_from(residual, u_resample.gather(1, accepted[:, None].long()).squeeze(1))
-    tokens = torch.cat((drafts, drafts[:, -1:]), dim=1).clone()  # [bs, B]
-    tokens.scatter_(1, accepted[:, None].long(), y_a[:, None].to(tokens.dtype))
+    y_a = y_a[:, None].to(drafts.dtype)
+    tokens = torch.cat((drafts, y_a), dim=1)  # [bs, B]; B = 1 is a plain decoding round
+    tokens.scatter_(1, accepted[:, None].long(), y_a)
     return tokens, accepted + 1
 
 

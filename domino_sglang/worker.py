@@ -45,6 +45,7 @@ from domino_sglang.config import (
 )
 from domino_sglang.metrics import DominoMetrics, head_change_outcomes
 from domino_sglang.model import sglang_draft_model_class
+from domino_sglang.policy import SpeculationPolicy
 from domino_sglang.rollout import greedy_rollout
 from domino_sglang.sampling import (
     RESAMPLE,
@@ -101,6 +102,7 @@ class DominoWorker(BaseSpecWorker):
         self._block_offsets = torch.arange(self.block_size, device=self.device)
         self._warned: set[str] = set()
         self.metrics = DominoMetrics.for_scheduler(self.block_size, self.device)
+        self.policy = SpeculationPolicy.from_env(self.block_size)  # DOMINO_ADAPTIVE=0: fixed
         logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s",
                     self.block_size, conf.num_layers, list(conf.target_layer_ids),
                     self.candidate_pool or "full vocabulary", "on" if self.use_head else "OFF")
@@ -176,34 +178,49 @@ class DominoWorker(BaseSpecWorker):
                       sampled: exact rejection sampling (verify.py); either way a + 1 tokens
           5. commit:  seq_len += a + 1; the target features of the committed tokens enter the
                       draft KV cache, so the next block sees them as context
+        The adaptive policy (policy.py) verifies only the first L <= B chain tokens; L = 1 is a
+        plain decoding round (no draft pass; the target's token from [x_t]).
         """
         draft_input = batch.spec_info
-        bs, block = len(batch.seq_lens), self.block_size
+        bs, seeds = len(batch.seq_lens), self.seeds(batch)
         sampled = not batch.sampling_info.is_all_greedy
+        # L, the chain length verified this round. A seeded request's realised tokens depend on
+        # L (coins vs. plain draws), so batches holding one verify the full block: reproducible.
+        pinned = sampled and any(s is not None for s in seeds)
+        block = self.block_size if pinned else self.policy.draft_len(bs)
         prefix_lens = batch.seq_lens  # committed tokens (x_t, the bonus, is not among them)
-        chain = torch.full((bs, block), self.conf.mask_token_id, dtype=torch.int64,
+        chain = torch.full((bs, self.block_size), self.conf.mask_token_id, dtype=torch.int64,
                            device=self.device)
         chain[:, 0] = draft_input.bonus_tokens
-        positions = (prefix_lens[:, None] + self._block_offsets).reshape(-1)  # [bs*B]
-        slots = self.block_slots(batch, prefix_lens)  # [bs*B]
+        positions = prefix_lens[:, None] + self._block_offsets  # [bs, B]
+        slots = self.block_slots(batch, prefix_lens).view(bs, -1)  # [bs, B]
 
         clock = self.metrics.clock()
-        z = self.draft_block(batch, chain, positions, slots)  # [bs, B, H]
-        if sampled:  # q [bs, B-1, V]: the distributions the drafts were drawn from
-            rows = SamplingRows.from_sampling_info(batch.sampling_info, self.seeds(batch))
+        if sampled:  # q [bs, L-1, V]: the distributions the drafts were drawn from
+            rows = SamplingRows.from_sampling_info(batch.sampling_info, seeds)
             u = RoundUniforms.for_round(rows.seed, prefix_lens, block)
-            chain[:, 1:], q = sampled_rollout(
-                z, chain[:, 0], self.head, rows, u.draft, self.candidate_pool,
-                use_head=self.use_head, logit_bias=batch.sampling_info.logit_bias)
-        else:
-            chain[:, 1:], base_pick = greedy_rollout(
-                z, chain[:, 0], self.head, self.candidate_pool, use_head=self.use_head,
-                return_base_pick=True)
+        if block > 1:  # the backbone sees the whole block; the head rolls out L-1 drafts
+            z = self.draft_block(batch, chain, positions.reshape(-1), slots.reshape(-1))
+            z = z[:, :block]  # [bs, L, H]
+            if sampled:
+                chain[:, 1:block], q = sampled_rollout(
+                    z, chain[:, 0], self.head, rows, u.draft, self.candidate_pool,
+                    use_head=self.use_head, logit_bias=batch.sampling_info.logit_bias)
+            else:
+                chain[:, 1:block], base_pick = greedy_rollout(
+                    z, chain[:, 0], self.head, self.candidate_pool, use_head=self.use_head,
+                    return_base_pick=True)
+        elif self.policy.enabled:
+            self.metrics.record_fallback("adaptive_policy", bs)
+        chain, positions = chain[:, :block].contiguous(), positions[:, :block].reshape(-1)
+        slots = slots[:, :block].reshape(-1)
         clock.mark()  # drafted
         grammar = GrammarTree.from_linear_chain(chain) if batch.has_grammar else None
         logits_output, hidden = self.verify_forward(batch, chain, positions, slots)
         logits = self.target_logits(batch, logits_output, grammar, grammar_barrier)  # [bs,B,V]
         if sampled:
+            if block == 1:
+                q = logits.new_zeros(bs, 0, logits.shape[-1])
             tokens, accept_lens = verify_mixed(chain, logits, q, rows, u)
         else:
             target_choice = logits.argmax(dim=-1)  # [bs, B]
@@ -222,9 +239,11 @@ class DominoWorker(BaseSpecWorker):
         logits_output.hidden_states = None
         bonus = tokens.gather(1, (accept_lens - 1)[:, None]).squeeze(1)
         if self.metrics.enabled:
-            self.metrics.record_round(accept_lens, block, clock, None if sampled else
-                                      head_change_outcomes(chain[:, 1:], base_pick,
-                                                           target_choice, accept_lens))
+            self.metrics.record_round(accept_lens, block, clock, None if sampled or block == 1
+                                      else head_change_outcomes(chain[:, 1:], base_pick,
+                                                                target_choice, accept_lens))
+        if self.policy.enabled:
+            self.policy.observe(accept_lens.tolist(), block)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=tokens.reshape(-1),
@@ -244,19 +263,20 @@ class DominoWorker(BaseSpecWorker):
         a draft the grammar forbids has p = 0 and is never accepted nor recovered. The drafts
         themselves are not masked (that would need the host grammar per token); exactness does
         not need it. `grammar_barrier` advances the previous round's FSMs first."""
-        info, flat = batch.sampling_info, logits_output.next_token_logits  # [bs*B, V]
+        info, flat = batch.sampling_info, logits_output.next_token_logits  # [bs*L, V]
+        block = flat.shape[0] // len(batch.seq_lens)  # L
         mask = None
         if grammar is not None:  # also clears the extend stage's stale info.grammar_mask
             mask = build_grammar_vocab_mask(reqs=batch.reqs, tree=grammar, sampling_info=info,
                                             device=flat.device, barrier=grammar_barrier)
         if info.has_custom_logit_processor:
-            apply_custom_logit_processor(flat, info, num_tokens_in_batch=self.block_size)
+            apply_custom_logit_processor(flat, info, num_tokens_in_batch=block)
         if info.penalizer_orchestrator is not None and info.penalizer_orchestrator.is_required:
             batch.cumulate_penalty_output_tokens()  # x_t, as plain decoding's prepare_for_decode
-            info.penalizer_orchestrator.apply(flat, repeat=self.block_size)
+            info.penalizer_orchestrator.apply(flat, repeat=block)
         if mask is not None:
             mask.apply(flat)
-        logits = flat.view(len(batch.seq_lens), self.block_size, -1)
+        logits = flat.view(len(batch.seq_lens), block, -1)
         if info.logit_bias is not None:
             logits.add_(info.logit_bias[:, None, :].to(logits.dtype))
         return logits
@@ -353,13 +373,13 @@ class DominoWorker(BaseSpecWorker):
         from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
         verify_input = DFlashVerifyInput(
-            draft_token=chain.reshape(-1), positions=positions, draft_token_num=self.block_size,
+            draft_token=chain.reshape(-1), positions=positions, draft_token_num=chain.shape[1],
             custom_mask=None, capture_hidden_mode=CaptureHiddenMode.FULL,
         )
         batch.out_cache_loc = slots
         saved = batch.seq_lens_cpu, batch.seq_lens_sum
         if batch.seq_lens_cpu is not None:  # host bound = committed prefix + one block
-            batch.seq_lens_cpu = batch.seq_lens_cpu + self.block_size
+            batch.seq_lens_cpu = batch.seq_lens_cpu + chain.shape[1]
             batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
         forward_batch, _ = verify_input.prepare_for_verify(batch, self._target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = saved

@@ -10,6 +10,7 @@ single SGLang server alive at a time.
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -44,14 +45,15 @@ def generate(server, ids, params):
 
 def test_mixed_batch_greedy_exact_and_seeds(server, target_path, chat_ids, tokenizer):
     greedy_ids = chat_ids[:4]
-    expected = hf_greedy(target_path, greedy_ids, torch.float32)
+    expected = hf_greedy(target_path, chat_ids[:5], torch.float32)
     jobs = [(ids, {"temperature": 0}) for ids in greedy_ids]
     jobs += [(ids, {**SAMPLED, "sampling_seed": 1000 + i}) for i, ids in enumerate(chat_ids[4:])]
     jobs += [(chat_ids[4], {**SAMPLED, "sampling_seed": 1000})]  # repeats job 4 in the batch
     with ThreadPoolExecutor(len(jobs)) as pool:
         out = list(pool.map(lambda job: generate(server, *job), jobs))
     # greedy requests sharing rounds with sampled ones: exactly their AR tokens
-    assert [_strip_eos(o["output_ids"]) for o in out[:4]] == [_strip_eos(e) for e in expected]
+    assert [_strip_eos(o["output_ids"]) for o in out[:4]] == [_strip_eos(e)
+                                                             for e in expected[:4]]
     sampled = [o["output_ids"] for o in out[4:]]
     # same seed: the same output, alone or next to other requests; a different seed differs
     alone = generate(server, chat_ids[4], {**SAMPLED, "sampling_seed": 1000})["output_ids"]
@@ -60,6 +62,7 @@ def test_mixed_batch_greedy_exact_and_seeds(server, target_path, chat_ids, token
     assert other != alone
     # sampled requests really sample (not the greedy continuation)
     greedy_4 = generate(server, chat_ids[4], {"temperature": 0})["output_ids"]
+    assert _strip_eos(greedy_4) == _strip_eos(expected[4])  # an all-greedy batch: exact too
     assert alone != greedy_4 or other != greedy_4
     print("\nseeded sample:", tokenizer.decode(alone)[:120].replace("\n", " "))
 
@@ -80,3 +83,20 @@ def test_sampled_drafts_are_accepted(server, tokenizer):
     a, b = (generate(server, story, {"temperature": 1.0, "max_new_tokens": 16})["output_ids"]
             for _ in range(2))
     assert a != b
+
+
+def test_json_schema_requests_return_valid_json(server, tokenizer):
+    """xgrammar-constrained requests, greedy and sampled: the verify logits of every chain
+    position carry the grammar mask, so the output always parses and fits the schema."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Give a JSON object with a person's name and age."}],
+        tokenize=True, add_generation_prompt=True, return_dict=False)
+    for params in ({"temperature": 0}, {"temperature": 0.9, "sampling_seed": 5},
+                   {"temperature": 1.0}):
+        out = generate(server, ids, {**params, "json_schema": json.dumps(schema),
+                                     "max_new_tokens": 64})
+        obj = json.loads(out["text"])
+        assert set(obj) == {"name", "age"} and isinstance(obj["age"], int), out["text"]

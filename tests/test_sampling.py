@@ -291,6 +291,19 @@ def test_verify_sampled_edge_cases():
     assert torch.all(p2[torch.arange(4), 0, tokens[:, 0]] > 0)
 
 
+def test_single_token_round_is_plain_sampling():
+    """L = 1 (the adaptive policy's plain decoding round): no drafts, the token is ~ p_0."""
+    logits = torch.randn(N, 1, V)
+    rows = make_rows(N, temperature=1.0)
+    u = RoundUniforms.for_round(rows.seed, torch.zeros(N, dtype=torch.int64), 1)
+    chain = torch.zeros(N, 1, dtype=torch.int64)
+    tokens, acc = verify_mixed(chain, logits, torch.zeros(N, 0, V), rows, u)
+    assert tokens.shape == (N, 1) and torch.all(acc == 1)
+    p = torch.softmax(logits[:, 0], -1).mean(0)  # rows differ: compare the mixture
+    freq = torch.bincount(tokens[:, 0], minlength=V).double() / N
+    assert float((freq - p.double()).abs().sum()) / 2 < 0.02  # TV; sd ~ 0.004 at N = 20000
+
+
 def test_seeded_uniform_is_uniform_and_pure():
     seed = torch.arange(2000, dtype=torch.int64) * 7919 - 10**12
     pos = torch.arange(50)[None].expand(2000, -1)
