@@ -125,7 +125,8 @@ class DominoMetrics:
             "Reached draft positions where the head overrode the backbone's argmax, by "
             "`outcome` (right = accepted, wrong = rejected).", ("outcome",))
         self.fallbacks = counter(
-            "fallback_requests_total", "Requests decoded without speculation, by `reason`.",
+            "fallback_requests_total",
+            "Request-rounds decoded without speculation (L = 1), by `reason`.",
             ("reason",))
         self.draft_time = histogram(
             "draft_seconds", "Wall time of one round's draft (backbone + head rollout).",
