@@ -23,6 +23,10 @@ logger = logging.getLogger(__name__)
 NAME = "DOMINO"
 MAX_RUNNING_DEFAULT = 48
 CPU_BACKEND = "domino_cpu"
+# `DFlashDraftInputV2.prepare_for_decode` keeps committed + 2 x block KV slots allocated for every
+# running request (the verify block plus SGLang's double-buffer), so each needs this many slots
+# beyond its own tokens.
+RESERVED_BLOCKS = 2
 
 
 class DominoArgsError(ValueError):
@@ -99,6 +103,12 @@ def resolve_server_args(server_args) -> None:
     if server_args.max_running_requests is None:
         _set(server_args, "max_running_requests", MAX_RUNNING_DEFAULT,
              "running-request default with speculation (override with --max-running-requests)")
+        pool = getattr(server_args, "max_total_tokens", None)
+        if pool is not None and pool_capacity(pool, conf.block_size) < MAX_RUNNING_DEFAULT:
+            _set(server_args, "max_running_requests", max(1, pool_capacity(pool, conf.block_size)),
+                 f"the {pool}-token KV pool holds the verify reservations of no more")
+    check_pool_fits(getattr(server_args, "max_total_tokens", None),
+                    int(server_args.max_running_requests), conf.block_size)
     if not server_args.disable_overlap_schedule:
         _set(server_args, "disable_overlap_schedule", True,
              "the DOMINO worker runs each round synchronously (no overlap scheduling yet)")
@@ -111,6 +121,63 @@ def resolve_server_args(server_args) -> None:
         backend = server_args.attention_backend or "flashinfer"
         _set(server_args, "speculative_draft_attention_backend", backend,
              "the drafter runs on the target's attention backend")
+
+
+def pool_capacity(pool_tokens: int, block_size: int) -> int:
+    """Running requests whose reservations (RESERVED_BLOCKS blocks + one token each) fit a pool."""
+    return pool_tokens // (RESERVED_BLOCKS * block_size + 1)
+
+
+def check_pool_fits(pool_tokens: int | None, max_running: int, block_size: int) -> None:
+    """Refuse a KV pool (`--max-total-tokens`) too small for `max_running` running requests'
+    verify reservations. An unknown pool (None: sized from free memory) is not checked."""
+    if pool_tokens is None:
+        return
+    per_request = RESERVED_BLOCKS * block_size + 1
+    if pool_tokens < per_request * max_running:
+        fits = pool_capacity(pool_tokens, block_size)
+        lower = (f"lower --max-running-requests to {fits}" if fits
+                 else "lower --speculative-num-draft-tokens")
+        raise DominoArgsError(
+            f"DOMINO: --max-total-tokens {pool_tokens} cannot hold the verify reservations of "
+            f"--max-running-requests {max_running} ({per_request} KV slots each: "
+            f"{RESERVED_BLOCKS} x block size {block_size} + 1 token); raise --max-total-tokens "
+            f"to >= {per_request * max_running} or {lower}")
+
+
+def max_output_tokens(n_input: int, block_size: int, pool_tokens: int, page_size: int,
+                      row_tokens: int) -> int:
+    """Most output tokens a request of `n_input` prompt tokens may get under DOMINO: SGLang's
+    room (the pool less a page and one token, at most a request->token row) less the
+    reservation of RESERVED_BLOCKS blocks."""
+    room = min(pool_tokens - page_size - 1, row_tokens)
+    return max(0, room - RESERVED_BLOCKS * block_size - n_input)
+
+
+def clip_max_new_tokens(_result, scheduler, req) -> None:
+    """AFTER hook of `Scheduler.init_req_max_new_tokens`: leave room for the reservations.
+
+    SGLang clips a request's output so that prompt + output fits the KV pool and the
+    request->token row. A DOMINO request needs RESERVED_BLOCKS blocks more at every round; without
+    this clip, a request that grows to the pool's size is aborted with a 500 ("Out of memory even
+    after retracting all other requests") after generating all but its last few tokens. With it,
+    such a request ends `length` 2 x block tokens earlier than without speculation."""
+    from sglang.srt.runtime_context import get_spec
+
+    spec = get_spec()
+    if str(spec.speculative_algorithm).upper() != NAME:
+        return
+    params = req.sampling_params
+    try:  # an exception here would kill the scheduler: never raise from a hook
+        cap = max_output_tokens(len(req.origin_input_ids), int(spec.speculative_num_draft_tokens),
+                                scheduler.max_total_num_tokens, scheduler.page_size,
+                                scheduler.req_to_token_pool.max_context_len)
+    except Exception:
+        logger.exception("DOMINO: could not clip max_new_tokens to the pool")
+        return
+    if params.max_new_tokens is not None and params.max_new_tokens > cap:
+        params.max_new_tokens = cap
+        params.min_new_tokens = min(params.min_new_tokens, cap)
 
 
 _registered = False
@@ -132,6 +199,10 @@ def register_algorithm() -> None:
 
         SpeculativeAlgorithm.register(NAME, supports_overlap=False,
                                       spec_class=_spec_class())(factory)
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens",
+                          clip_max_new_tokens, HookType.AFTER)
     _registered = True
 
 

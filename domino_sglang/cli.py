@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from domino_sglang import paths
+from domino_sglang.guards import flag_value, redact_command
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -52,6 +53,8 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
         "--port", str(args.port),
         "--enable-metrics",
     ]
+    if args.api_key:
+        cmd += ["--api-key", args.api_key]
     env: dict[str, str] = {}
     drafter = None if args.no_speculation else (args.drafter or _default_drafter())
     if drafter is not None and not _has_flag(extra, "--speculative-algorithm"):
@@ -191,6 +194,31 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_drafter(drafter: Path, model_path: Path, extra: list[str]) -> None:
+    """Everything the DOMINO worker checks at start-up (config, match with the target, weight
+    names / shapes / finiteness, safetensors only), before SGLang spends minutes loading the
+    target: a malformed drafter fails here with one line."""
+    import json
+
+    from domino_sglang.config import (
+        DrafterConfigError,
+        check_against_target,
+        load_draft_config,
+        load_draft_weights,
+    )
+
+    block = flag_value(extra, "--speculative-num-draft-tokens")
+    try:
+        conf = load_draft_config(drafter, int(block) if block and block.isdigit() else None)
+        target_cfg = model_path / "config.json"
+        if target_cfg.is_file():
+            t = json.loads(target_cfg.read_text())
+            check_against_target(conf, t["hidden_size"], t["vocab_size"], t["num_hidden_layers"])
+        load_draft_weights(conf)
+    except DrafterConfigError as exc:
+        _fail(f"serve: {exc}")
+
+
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     if args.model_path is None:
         from domino_sglang.target import TargetError, prepare_target
@@ -202,12 +230,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     elif not Path(args.model_path).exists():
         _fail(f"serve: --model-path {args.model_path} does not exist")
     if args.drafter is not None and not args.no_speculation:
-        from domino_sglang.config import DrafterConfigError, load_draft_config
-
-        try:
-            load_draft_config(args.drafter)
-        except DrafterConfigError as exc:
-            _fail(f"serve: {exc}")
+        _check_drafter(args.drafter, Path(args.model_path), extra)
     if _port_in_use(args.host, args.port):
         _fail(f"serve: port {args.port} on {args.host} is already in use; choose another --port")
     cmd, env = build_serve_command(args, extra)
@@ -215,7 +238,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
           flush=True)
     for key, value in env.items():
         print(f"domino-sglang: env {key}={value}", flush=True)
-    print("domino-sglang: " + " ".join(cmd), flush=True)
+    print("domino-sglang: " + " ".join(redact_command(cmd)), flush=True)
     if args.dry_run:
         return 0
     os.environ.update(env)
@@ -280,6 +303,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="torch threads of the CPU server (default: cores - 1)")
     s.add_argument("--max-total-tokens", type=int, default=65536,
                    help="CPU KV pool size in tokens (default 65536)")
+    s.add_argument("--api-key", default=os.environ.get("DOMINO_SGLANG_API_KEY") or None,
+                   help="require `Authorization: Bearer KEY` on the API (SGLang's --api-key; "
+                        "default: env DOMINO_SGLANG_API_KEY; /health and /metrics stay open)")
     s.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     return parser
 

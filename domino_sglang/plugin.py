@@ -13,14 +13,17 @@ _registered = False
 
 
 def register() -> None:
-    """Register the CPU attention backend (and, when present, the DOMINO algorithm). Idempotent."""
+    """Register the CPU attention backend, the DOMINO algorithm and the request / log guards
+    (guards.py). Idempotent."""
     global _registered
     if _registered:
         return
     from domino_sglang.algorithm import register_algorithm
     from domino_sglang.cpu.attention import register_backend
+    from domino_sglang.guards import register_guards
 
     register_backend()
     register_algorithm()
+    register_guards()
     _registered = True
     logger.debug("domino_sglang registered")
