@@ -196,34 +196,24 @@ class DominoWorker(BaseSpecWorker):
         slots = self.block_slots(batch, prefix_lens).view(bs, -1)  # [bs, B]
 
         clock = self.metrics.clock()
-        if sampled:  # q [bs, L-1, V]: the distributions the drafts were drawn from
+        rows = u = None
+        if sampled:
             rows = SamplingRows.from_sampling_info(batch.sampling_info, seeds)
             u = RoundUniforms.for_round(rows.seed, prefix_lens, block)
-        if block > 1:  # the backbone sees the whole block; the head rolls out L-1 drafts
-            z = self.draft_block(batch, chain, positions.reshape(-1), slots.reshape(-1))
-            z = z[:, :block]  # [bs, L, H]
-            if sampled:
-                chain[:, 1:block], q = sampled_rollout(
-                    z, chain[:, 0], self.head, rows, u.draft, self.candidate_pool,
-                    use_head=self.use_head, logit_bias=batch.sampling_info.logit_bias)
-            else:
-                chain[:, 1:block], base_pick = greedy_rollout(
-                    z, chain[:, 0], self.head, self.candidate_pool, use_head=self.use_head,
-                    return_base_pick=True)
-        elif self.policy.enabled:
-            self.metrics.record_fallback("adaptive_policy", bs)
+        # q [bs, L-1, V] (sampled: the distributions the drafts were drawn from), or the
+        # backbone's own argmax picks (greedy: head metrics); None for L = 1
+        drafted = self.propose(batch, chain, positions, slots, block, rows, u)
         chain, positions = chain[:, :block].contiguous(), positions[:, :block].reshape(-1)
         slots = slots[:, :block].reshape(-1)
         clock.mark()  # drafted
         grammar = GrammarTree.from_linear_chain(chain) if batch.has_grammar else None
         logits_output, hidden = self.verify_forward(batch, chain, positions, slots)
-        logits = self.target_logits(batch, logits_output, grammar, grammar_barrier)  # [bs,B,V]
+        logits = self.target_logits(batch, logits_output, grammar, grammar_barrier)  # [bs,L,V]
         if sampled:
-            if block == 1:
-                q = logits.new_zeros(bs, 0, logits.shape[-1])
+            q = drafted if block > 1 else logits.new_zeros(bs, 0, logits.shape[-1])
             tokens, accept_lens = verify_mixed(chain, logits, q, rows, u)
         else:
-            target_choice = logits.argmax(dim=-1)  # [bs, B]
+            target_choice = logits.argmax(dim=-1)  # [bs, L]
             tokens, accept_lens = verify_greedy(chain, target_choice)
         accept_lens = self.cap_penalized(batch, accept_lens)
         clock.mark()  # verified
@@ -240,7 +230,7 @@ class DominoWorker(BaseSpecWorker):
         bonus = tokens.gather(1, (accept_lens - 1)[:, None]).squeeze(1)
         if self.metrics.enabled:
             self.metrics.record_round(accept_lens, block, clock, None if sampled or block == 1
-                                      else head_change_outcomes(chain[:, 1:], base_pick,
+                                      else head_change_outcomes(chain[:, 1:], drafted,
                                                                 target_choice, accept_lens))
         if self.policy.enabled:
             self.policy.observe(accept_lens.tolist(), block)
@@ -253,6 +243,26 @@ class DominoWorker(BaseSpecWorker):
             speculative_num_draft_tokens=block,
             new_seq_lens=new_seq_lens,
         )
+
+    def propose(self, batch, chain, positions, slots, block: int, rows, u):
+        """Fill chain[:, 1:L] with drafts: one backbone pass over the whole [bs, B] block, then
+        the head rolls out L-1 tokens, greedily or (rows given) sampled from q. Returns q
+        [bs, L-1, V] (sampled), the backbone's argmax picks [bs, L-1] (greedy), None (L = 1)."""
+        if block == 1:  # plain decoding round: no draft pass
+            if self.policy.enabled:
+                self.metrics.record_fallback("adaptive_policy", chain.shape[0])
+            return None
+        z = self.draft_block(batch, chain, positions.reshape(-1), slots.reshape(-1))
+        z = z[:, :block]  # [bs, L, H]: the head at position i reads z_i only
+        if rows is not None:
+            chain[:, 1:block], q = sampled_rollout(
+                z, chain[:, 0], self.head, rows, u.draft, self.candidate_pool,
+                use_head=self.use_head, logit_bias=batch.sampling_info.logit_bias)
+            return q
+        chain[:, 1:block], base_pick = greedy_rollout(
+            z, chain[:, 0], self.head, self.candidate_pool, use_head=self.use_head,
+            return_base_pick=True)
+        return base_pick
 
     # ---- sampling-time logit processing (what SGLang's sampler applies for plain decoding) ----
     def target_logits(self, batch, logits_output, grammar, grammar_barrier) -> torch.Tensor:
