@@ -57,13 +57,13 @@ def mixed_prompts(n: int) -> list[str]:
     return [sets[i % len(sets)][i // len(sets)] for i in range(n)]
 
 
-def one_request(url: str, prompt: str, max_tokens: int) -> dict:
+def one_request(url: str, prompt: str, max_tokens: int, temperature: float = 0.0) -> dict:
     """Stream one chat completion; return tokens, TTFT and inter-token gaps."""
     body = {
         "model": "default",
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
-        "temperature": 0,
+        "temperature": temperature,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -98,11 +98,12 @@ def counters(url: str) -> dict[str, float]:
     return out
 
 
-def run_point(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
+def run_point(url: str, prompts: list[str], concurrency: int, max_tokens: int,
+              temperature: float = 0.0) -> dict:
     before = counters(url)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda p: one_request(url, p, max_tokens), prompts))
+        results = list(pool.map(lambda p: one_request(url, p, max_tokens, temperature), prompts))
     wall = time.perf_counter() - t0
     tokens = sum(r["tokens"] for r in results)
     gaps = [g for r in results for g in r["gaps"]]

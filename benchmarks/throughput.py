@@ -1,0 +1,114 @@
+"""Concurrency sweep: AR vs DOMINO fixed block vs DOMINO adaptive, at temperature 0 and 0.7.
+
+One run serves each method in turn (same target, dtype, threads, prompts: MT-Bench / GSM8K /
+HumanEval round-robin) and, for every temperature and concurrency, streams `2 x concurrency`
+(at least 8) chat completions of exactly `--max-tokens` tokens (ignore_eos). Reported per point:
+output tokens/s, TTFT p50, mean inter-token latency, tau (committed tokens per verify round, from
+sglang:spec_verify_calls_total) and the speed-up over AR at the same point. "fixed" verifies the
+whole block every round (DOMINO_ADAPTIVE=0); "adaptive" lets policy.py pick the draft length.
+Output: benchmarks/results/<out>.json, .md (command, machine, revision, date) and .png.
+
+    python benchmarks/throughput.py --concurrency 1 2 4 8 16 32 --max-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
+from serving import RESULTS, mixed_prompts, one_request, run_point  # noqa: E402
+
+from domino_sglang.local_server import start_server  # noqa: E402
+
+# method -> (`domino-sglang serve` flags, environment)
+METHODS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "ar": (["--no-speculation"], {}),
+    "domino-fixed": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "0"}),
+    "domino-adaptive": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1"}),
+}
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    temps = sorted({r["temperature"] for r in rows})
+    fig, axes = plt.subplots(1, len(temps), figsize=(5.5 * len(temps), 4), squeeze=False)
+    for ax, t in zip(axes[0], temps):
+        for m in METHODS:
+            pts = sorted((r["concurrency"], r["output_tok_s"]) for r in rows
+                         if r["method"] == m and r["temperature"] == t)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=m)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"temperature {t}")
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("output tokens/s")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
+    ap.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.7])
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--drafter", default=None, help="default: the shipped drafter")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--out", default="throughput")
+    args = ap.parse_args()
+    if min(args.concurrency) < 1 or args.max_tokens < 1 or min(args.temperatures) < 0:
+        ap.error("--concurrency and --max-tokens must be >= 1, --temperatures >= 0")
+
+    from domino_sglang.paths import shipped_drafter_dir
+
+    drafter = args.drafter or str(shipped_drafter_dir())
+    prov = provenance.collect()
+    rows = []
+    for m in args.methods:
+        flags, env = METHODS[m]
+        flags = [f.format(drafter=drafter) for f in flags] + ["--dtype", args.dtype]
+        with start_server(f"tput-{m}", flags, threads=args.threads, env=env) as server:
+            one_request(server.url, "Hello!", 8)  # warm-up
+            for t in args.temperatures:
+                for c in args.concurrency:
+                    point = run_point(server.url, mixed_prompts(max(8, 2 * c)), c,
+                                      args.max_tokens, t)
+                    point.pop("texts")
+                    point.update(method=m, temperature=t)
+                    rows.append(point)
+                    print(json.dumps(point), flush=True)
+    ar = {(r["temperature"], r["concurrency"]): r for r in rows if r["method"] == "ar"}
+    for r in rows:
+        base = ar.get((r["temperature"], r["concurrency"]))
+        if base is not None:
+            r["speedup_vs_ar"] = round(r["output_tok_s"] / base["output_tok_s"], 3)
+
+    RESULTS.mkdir(exist_ok=True)
+    out = {"provenance": prov, "max_tokens": args.max_tokens, "dtype": args.dtype,
+           "drafter": drafter, "rows": rows}
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=2) + "\n")
+    lines = [f"## Throughput sweep ({args.max_tokens} output tokens, ignore_eos, {args.dtype})",
+             "", provenance.markdown_header(prov), f"- drafter: `{drafter}`", "",
+             "| temperature | concurrency | method | output tok/s | vs AR | tau | TTFT p50 (s) "
+             "| ITL mean (ms) |", "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["temperature"], r["concurrency"])):
+        lines.append(f"| {r['temperature']} | {r['concurrency']} | {r['method']} | "
+                     f"{r['output_tok_s']} | {r.get('speedup_vs_ar', '')} | {r['tau'] or ''} | "
+                     f"{r['ttft_p50_s']} | {r['itl_mean_ms']} |")
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+    plot(rows, RESULTS / f"{args.out}.png")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
