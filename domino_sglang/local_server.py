@@ -61,7 +61,7 @@ class Server:
 
 
 def start_server(name: str, serve_args: list[str], sglang_args: list[str] | None = None,
-                 timeout: float = 300.0, env: dict | None = None, threads: int = 1) -> Server:
+                 timeout: float = 600.0, env: dict | None = None, threads: int = 1) -> Server:
     """Launch `domino-sglang serve` and wait until /health answers 200 (or fail with its log)."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     port = free_port()
