@@ -151,12 +151,18 @@ def main() -> None:
         flags = [f.format(drafter=drafter, block=args.block_size) for f in flags]
         cut = flags.index("--") if "--" in flags else len(flags)
         serve, sglang = flags[:cut] + ["--dtype", args.dtype], flags[cut + 1:]
-        with start_server(f"accept-{m}", serve, sglang, threads=args.threads, env=env) as server:
+        try:
+            server = start_server(f"accept-{m}", serve, sglang, threads=args.threads, env=env)
+        except RuntimeError as exc:  # recorded, and the other methods still run
+            print(f"{m}: server failed to start: {str(exc)[:300]}", flush=True)
+            continue
+        with server:
             chat(server.url, "Hello!", 4)  # warm-up
             results[m] = {}
             for s, ps in prompts.items():
                 results[m][s] = run_dataset(server.url, ps, args.max_tokens)
                 print(json.dumps({"method": m, "dataset": s, **results[m][s]}), flush=True)
+    args.methods = [m for m in args.methods if m in results]
 
     RESULTS.mkdir(exist_ok=True)
     out = {"provenance": prov, "max_tokens": args.max_tokens, "limit": args.limit,
