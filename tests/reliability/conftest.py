@@ -1,0 +1,66 @@
+"""The reliability suite's server: ONE DOMINO server shared by every test in tests/reliability/.
+
+Configured as an operator would run it, and small enough to be under pressure:
+  - float32 target, so its greedy output must equal the no-speculation server's token for token
+    (`ar_server_fp32`, tests/conftest.py);
+  - the constructed repeat drafter (tests/drafters.py) at block size 4: on ordinary prompts its
+    drafts are garbage (rejected almost always, like the random drafter of
+    test_domino_server.py), on prompts whose answer repeats a word whole blocks are accepted, so
+    one server exercises both rejected and accepted rounds;
+  - a KV pool of POOL tokens, far below what 48 running requests need, so loads queue and retract;
+  - `--api-key`: every request here carries AUTH;
+  - DOMINO_ADAPTIVE=0: every round verifies a full block, even at batch sizes where the adaptive
+    policy would decode plainly, so the speculative path is what gets the load.
+SGLang's own idle check (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE, on by default) raises in the
+scheduler if a KV slot or request slot leaks, so a leak also shows as a dead server.
+
+`references` computes every no-speculation output the suite compares with (workload.py) in one
+parallel pass. DOMINO_REL_REFERENCES=file.json caches them (written if absent), so a developer
+can compute them with the AR server alone, then run the suite with only the DOMINO server up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from domino_sglang.local_server import start_server
+from tests.drafters import make_repeat_drafter
+from tests.reliability.client import API_KEY, POOL
+from tests.reliability.workload import all_jobs, comparable, run
+
+
+@pytest.fixture(scope="session")
+def rel_drafter(target_path, tmp_path_factory):
+    return make_repeat_drafter(target_path, tmp_path_factory.mktemp("rel") / "repeat4", 4)
+
+
+@pytest.fixture(scope="session")
+def rel_server(rel_drafter, references):  # references first: AR work done before DOMINO starts
+    server = start_server(
+        "reliability",
+        ["--dtype", "float32", "--max-total-tokens", str(POOL), "--api-key", API_KEY],
+        ["--speculative-algorithm", "DOMINO", "--speculative-draft-model-path", str(rel_drafter)],
+        env={"DOMINO_ADAPTIVE": "0"})
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def references(request, tokenizer) -> dict[str, dict]:
+    jobs = all_jobs(tokenizer)
+    cache = os.environ.get("DOMINO_REL_REFERENCES")
+    if cache and Path(cache).is_file():
+        saved = json.loads(Path(cache).read_text())
+        if sorted(saved) == sorted(jobs):
+            return saved
+    ar = request.getfixturevalue("ar_server_fp32")
+    with ThreadPoolExecutor(16) as pool:
+        results = dict(zip(jobs, pool.map(lambda j: comparable(run(ar.url, j)), jobs.values())))
+    if cache:
+        Path(cache).write_text(json.dumps(results))
+    return results
