@@ -12,7 +12,9 @@ takes the first N of each set (this CPU decodes ~7 tok/s). Per dataset and metho
     decode tok/s   completion tokens / time after the first token, over the whole set (c = 1)
 
 "DOMINO backbone-only" is the same checkpoint with the head switched off (DOMINO_HEAD=0): the
-DFlash baseline. Output: benchmarks/results/<out>.json, .md (with command, machine, revision,
+DFlash baseline. Both verify the full block every round (DOMINO_ADAPTIVE=0); "DOMINO adaptive" is
+the default server, whose policy may verify fewer tokens, down to plain decoding rounds.
+Output: benchmarks/results/<out>.json, .md (with command, machine, revision,
 date) and .png (tau by dataset and method; acceptance by position).
 
     python benchmarks/acceptance.py --limit 10 --max-tokens 128
@@ -42,8 +44,12 @@ METHODS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     "ar": ("AR", ["--no-speculation"], {}),
     "ngram": ("NGRAM", ["--no-speculation", "--", "--speculative-algorithm", "NGRAM",
                         "--speculative-num-draft-tokens", "{block}"], {}),
-    "backbone": ("DOMINO head off", ["--drafter", "{drafter}"], {"DOMINO_HEAD": "0"}),
-    "domino": ("DOMINO", ["--drafter", "{drafter}"], {}),
+    # acceptance is a property of the drafter: the full block is verified every round
+    "backbone": ("DOMINO head off", ["--drafter", "{drafter}"],
+                 {"DOMINO_HEAD": "0", "DOMINO_ADAPTIVE": "0"}),
+    "domino": ("DOMINO", ["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "0"}),
+    # as served by default: policy.py may verify fewer tokens (down to plain decoding)
+    "adaptive": ("DOMINO adaptive", ["--drafter", "{drafter}"], {}),
 }
 
 
