@@ -71,6 +71,10 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
             cmd += ["--max-total-tokens", str(args.max_total_tokens)]
         if not _has_flag(extra, "--mem-fraction-static"):
             cmd += ["--mem-fraction-static", "0.3"]
+        # An idle SGLang scheduler busy-polls its sockets at 100% of a core; on a CPU server
+        # that core is the one decoding, so block on the sockets instead (wakes on arrival).
+        if not _has_flag(extra, "--sleep-on-idle"):
+            cmd += ["--sleep-on-idle"]
     else:
         cmd += ["--device", device, "--attention-backend", "flashinfer"]
         if args.dtype:
