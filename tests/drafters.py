@@ -63,3 +63,36 @@ def make_repeat_drafter(target_dir: Path, out: Path, block_size: int = 4) -> Pat
     w["embed_proj.2.weight"] = beta * torch.cat([embed, -embed], 1)
     save_drafter(out, conf_dict, w, dtype=torch.float32)
     return out
+
+
+def make_eos_drafter(target_dir: Path, out: Path, block_size: int = 4) -> Path:
+    """A drafter that proposes EOS at every position, so a draft is accepted exactly when the
+    target itself ends the answer there: EOS lands INSIDE an accepted block and every token the
+    round commits after it must be dropped.
+
+    Construction: attention adds nothing (o_proj = 0); the MLP adds a large constant direction u
+    to every position: gate = up = W, so silu(Wy) * (Wy) = g^2 sigmoid(g) >= 0 whatever the
+    input, and down_proj = c u 1^T turns its sum into c' u with c' > 0. After the final RMSNorm
+    z is ~ u, and u is chosen so that argmax_v <E_v, u> = EOS (tied lm_head: EOS is not its own
+    nearest neighbour, so a few perceptron steps move E_eos away from its nearest rivals). The
+    head correction is zero (embed_proj.2 = 0), so every draft is EOS."""
+    cfg, embed = _target(target_dir)  # embed [V, H]
+    eos = cfg["eos_token_id"]
+    conf_dict = make_draft_config(cfg, num_layers=1, block_size=block_size)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(conf_dict))
+    w = init_drafter_weights(load_draft_config(out), seed=0)
+    u = embed[eos].clone()
+    for _ in range(100):
+        scores = embed @ u  # [V]
+        rival = int(scores.index_fill(0, torch.tensor([eos]), -torch.inf).argmax())
+        if scores[eos] - scores[rival] > 0.05 * float(u.norm()):
+            break
+        u += embed[eos] - embed[rival]
+    w["layers.0.self_attn.o_proj.weight"].zero_()
+    w["layers.0.mlp.up_proj.weight"] = w["layers.0.mlp.gate_proj.weight"].clone()
+    inter = w["layers.0.mlp.down_proj.weight"].shape[1]
+    w["layers.0.mlp.down_proj.weight"] = (1e4 / inter) * u[:, None].expand(-1, inter).clone()
+    w["embed_proj.2.weight"].zero_()
+    save_drafter(out, conf_dict, w, dtype=torch.float32)
+    return out

@@ -19,7 +19,7 @@ from tests.conftest import PROMPTS
 from tests.drafters import make_random_drafter, make_repeat_drafter
 
 pytestmark = pytest.mark.server
-NEW_TOKENS = 48
+NEW_TOKENS = 32
 
 
 @pytest.fixture(scope="module")

@@ -193,7 +193,13 @@ def query(prom: str, q: str) -> list:
 
 
 def test_prometheus_answers_every_published_query(server, prometheus, tokenizer):
-    # traffic while Prometheus scrapes, so rates over the window are non-zero
+    # traffic while Prometheus scrapes, so rates over the window are non-zero: first wait for
+    # a scrape BEFORE the traffic (else the series could start after it, flat: rate 0, tau NaN)
+    deadline = time.monotonic() + 60
+    while not query(prometheus, 'domino_verify_rounds_total{job="domino-sglang"}'):
+        assert time.monotonic() < deadline, "Prometheus never scraped the server"
+        time.sleep(0.5)
+    time.sleep(1.5)
     ids = tokenizer(REPEAT_PROMPT).input_ids
     requests.post(f"{server.url}/generate", json={"input_ids": ids, "sampling_params": {
         "temperature": 0, "max_new_tokens": 16}}, timeout=600).raise_for_status()
