@@ -9,13 +9,21 @@
   `--api-key` / `--admin-api-key` on this process's command line (multiprocessing children
   inherit it) are replaced by `<redacted>` in every log record.
 
+- A POST body on an OpenAI route (`/v1/...`) that is JSON but not an object (`[1, 2, 3]`), or
+  whose `response_format` is neither an object nor null (`true`, `"json"`), reaches SGLang
+  0.5.23's pydantic `mode="before"` validators, which call `.get()` on it: AttributeError, a bare
+  500. `BodyShapeGuard` (ASGI middleware on SGLang's FastAPI app) answers them with a 400 in
+  SGLang's own OpenAI error shape instead; every other body passes through untouched.
+
 Private SGLang internals: `TokenizerManager._validate_one_request(obj, input_ids)` and its
-`model_config.vocab_size`, hooked through SGLang's plugin `HookRegistry`.
+`model_config.vocab_size`, hooked through SGLang's plugin `HookRegistry`; the module-level
+FastAPI `app` of `sglang.srt.entrypoints.http_server`.
 This module imports nothing heavy at import time (the CLI uses the redaction helpers).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 
@@ -85,11 +93,84 @@ def check_input_ids(tokenizer_manager, obj, input_ids) -> None:
                          f"range is [0, {vocab})")
 
 
+def body_shape_problem(body: bytes) -> str | None:
+    """What is wrong with an OpenAI request body's shape, or None (also for non-JSON bodies:
+    SGLang reports those itself, with a 400)."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(payload, dict):
+        return f"the request body must be a JSON object, not a JSON {type(payload).__name__}"
+    fmt = payload.get("response_format")
+    if fmt is not None and not isinstance(fmt, dict):
+        return ("response_format must be an object such as {\"type\": \"json_object\"}, "
+                f"not a JSON {type(fmt).__name__}")
+    return None
+
+
+class BodyShapeGuard:
+    """ASGI middleware: 400 for OpenAI request bodies SGLang would answer with a 500."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if (scope["type"] != "http" or scope["method"] != "POST"
+                or not scope["path"].startswith("/v1/")
+                or any(k == b"content-encoding" for k, _ in scope["headers"])):
+            return await self.app(scope, receive, send)
+        chunks, message = [], {"more_body": True}
+        while message.get("more_body"):
+            message = await receive()
+            if message["type"] != "http.request":  # client gone: let SGLang see it
+                return await self.app(scope, _replay(b"".join(chunks), receive, message), send)
+            chunks.append(message.get("body", b""))
+        body = b"".join(chunks)
+        problem = body_shape_problem(body)
+        if problem is None:
+            return await self.app(scope, _replay(body, receive), send)
+        from fastapi.responses import JSONResponse
+
+        error = {"object": "error", "message": problem, "type": "BadRequestError",
+                 "param": None, "code": 400}
+        await JSONResponse(error, status_code=400)(scope, receive, send)
+
+
+def _replay(body: bytes, receive, last: dict | None = None):
+    """A `receive` that hands the already-read body back once, then defers to the real one."""
+    pending = [{"type": "http.request", "body": body, "more_body": last is not None}]
+    if last is not None:
+        pending.append(last)
+
+    async def replay():
+        return pending.pop(0) if pending else await receive()
+
+    return replay
+
+
+def install_body_guard() -> bool:
+    """Add BodyShapeGuard to SGLang's HTTP app, in the process that serves it (the one that
+    has imported http_server before plugins load); False elsewhere or if it already started."""
+    http = sys.modules.get("sglang.srt.entrypoints.http_server")
+    if http is None or getattr(http.app, "_domino_body_guard", False):
+        return False
+    try:
+        http.app.add_middleware(BodyShapeGuard)
+    except RuntimeError:  # Starlette refuses once the app has started
+        logging.getLogger(__name__).warning("domino_sglang: HTTP app already started; the "
+                                            "request body guard is not installed")
+        return False
+    http.app._domino_body_guard = True
+    return True
+
+
 def register_guards() -> None:
     """Hook the checks into SGLang (SGLang applies hooks after every plugin has loaded)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     install_log_redaction()
+    install_body_guard()
     HookRegistry.register(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
         check_input_ids, HookType.BEFORE)

@@ -1,6 +1,7 @@
 """Bad requests through the OpenAI API (and the native one) on the shared DOMINO server: each a
 4xx with a message that says what is wrong, never a 500, never a dead scheduler; then a bounded
-fuzz of chat bodies (hypothesis). Known SGLang 500s are listed in KNOWN_500 and in the README.
+fuzz of chat bodies (hypothesis). Two bodies SGLang 0.5.23 itself answers with a 500 (a JSON
+array body; a non-object response_format) are 400s through domino_sglang.guards.BodyShapeGuard.
 """
 
 from __future__ import annotations
@@ -68,18 +69,18 @@ RAW = [  # bodies that are not a JSON object
     ("empty body", b"", "Field required"),
     ("invalid UTF-8", b'{"model": "\xff\xfe"}', "JSON decode error"),
 ]
-# SGLang 0.5.23 answers these with a bare 500 (the server keeps serving); see the README.
-KNOWN_500 = [("JSON array body", b"[1, 2, 3]"),
-             ("response_format not an object",
-              b'{"model": "default", "messages": [{"role": "user", "content": "Hi"}], '
-              b'"response_format": true}')]
-
-
-def known_500(payload) -> bool:
-    """SGLang's `mode="before"` validators call .get() on these (protocol.py)."""
-    return not isinstance(payload, dict) or (
-        "response_format" in payload and not isinstance(payload["response_format"], dict)
-        and payload["response_format"] is not None)
+# SGLang 0.5.23 alone answers these with a bare 500 (AttributeError in its pydantic
+# `mode="before"` validators); our BodyShapeGuard makes them 400s naming the problem.
+FORMERLY_500 = [
+    ("JSON array body", b"[1, 2, 3]", "must be a JSON object, not a JSON list"),
+    ("JSON string body", b'"hello"', "must be a JSON object, not a JSON str"),
+    ("response_format true",
+     b'{"model": "default", "messages": [{"role": "user", "content": "Hi"}], '
+     b'"response_format": true}', "response_format must be an object"),
+    ("response_format a string",
+     b'{"model": "default", "messages": [{"role": "user", "content": "Hi"}], '
+     b'"response_format": "json"}', "response_format must be an object"),
+]
 
 
 def error_message(r: requests.Response) -> str:
@@ -106,11 +107,18 @@ def same_as_plain_decoding(server, references, tokenizer, key: str) -> bool:
     return comparable(run(server.url, other_jobs(tokenizer)[key], AUTH)) == references[key]
 
 
-def test_known_sglang_500s_leave_the_server_serving(references, rel_server, tokenizer):
-    for name, raw in KNOWN_500:
-        r = requests.post(f"{rel_server.url}/v1/chat/completions", data=raw,
+@pytest.mark.parametrize("name,raw,words", FORMERLY_500, ids=[r[0] for r in FORMERLY_500])
+def test_bodies_sglang_answers_with_500_are_400s(rel_server, name, raw, words):
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        r = requests.post(rel_server.url + path, data=raw,
                           headers={**AUTH, "Content-Type": "application/json"}, timeout=60)
-        assert r.status_code == 500, (name, r.status_code)  # if this fails, SGLang fixed it
+        assert r.status_code == 400 and words in error_message(r), (name, path, r.text[:300])
+
+
+def test_server_lossless_after_the_formerly_500_bodies(references, rel_server, tokenizer):
+    for _, raw, _ in FORMERLY_500:
+        requests.post(f"{rel_server.url}/v1/chat/completions", data=raw,
+                      headers={**AUTH, "Content-Type": "application/json"}, timeout=60)
     assert same_as_plain_decoding(rel_server, references, tokenizer, "after-500")
 
 
@@ -143,7 +151,16 @@ def test_fuzzed_chat_bodies_never_500(rel_server, mutation):
         payload["n"] = 2  # n=1000 is served (SGLang has no cap): see the README
     r = requests.post(f"{rel_server.url}/v1/chat/completions", json=payload, headers=AUTH,
                       timeout=300)
-    assert r.status_code < 500 or known_500(payload), (payload, r.status_code, r.text[:300])
+    assert r.status_code < 500, (payload, r.status_code, r.text[:300])
+
+
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(st.one_of(st.lists(JSON_SCALARS, max_size=3), JSON_SCALARS))
+def test_fuzzed_non_object_bodies_are_400s(rel_server, payload):
+    r = requests.post(f"{rel_server.url}/v1/chat/completions", json=payload, headers=AUTH,
+                      timeout=60)
+    assert r.status_code == 400, (payload, r.status_code, r.text[:300])
 
 
 def test_server_still_lossless_after_the_bad_inputs(references, rel_server, tokenizer):
