@@ -165,12 +165,22 @@ def install_body_guard() -> bool:
     return True
 
 
+def _before_launch(*args, **kwargs) -> None:
+    install_body_guard()
+
+
 def register_guards() -> None:
     """Hook the checks into SGLang (SGLang applies hooks after every plugin has loaded)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     install_log_redaction()
-    install_body_guard()
+    import multiprocessing
+
+    if multiprocessing.current_process().name == "MainProcess":
+        # The HTTP app lives in the launching process, which loads plugins before it imports
+        # http_server: install the body guard as launch_server starts (before uvicorn runs).
+        HookRegistry.register("sglang.srt.entrypoints.http_server.launch_server",
+                              _before_launch, HookType.BEFORE)
     HookRegistry.register(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
         check_input_ids, HookType.BEFORE)
