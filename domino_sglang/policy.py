@@ -1,16 +1,19 @@
 """Adaptive speculation: how many chain tokens to verify this round (L = 1 .. B; L = 1 is plain
 decoding: no draft, the target decodes one token per request).
 
-Cost model (measured on this 2-core CPU with SmolLM2-135M, bf16, 1 thread): a DOMINO round with
-a B = 16 block costs about 1.5x a plain decode step at batch 1 and about 2.4x at batch 8. We
-model the cost of a round verifying L tokens per request, in units of one plain decode step at
-the same batch size bs, as linear in the extra tokens, with a slope that grows with bs (the
-target's forward turns from memory-bound into compute-bound as bs * L grows):
+Cost model, in units of one plain decode step of the AR server at the same batch size bs
+(benchmarks/round_cost.py; SmolLM2-135M, bf16, 1 thread, 2-core Xeon; table in
+benchmarks/results/round_cost.md):
 
-    cost(bs, L) = 1                                  L = 1 (plain decoding)
-    cost(bs, L) = 1 + slope(bs) * (L - 1)            slope(bs) = SLOPE_0 + SLOPE_PER_REQ * bs
-    slope(1) = 0.5 / 15, slope(8) = 1.4 / 15  =>  SLOPE_PER_REQ = 0.9 / 105, SLOPE_0 = slope(1)
-                                                  - SLOPE_PER_REQ   (draft cost folded in)
+    cost(bs, 1) = 1                                        plain round
+    cost(bs, L) = 1 + DRAFT + slope(bs) * (L - 1)          L >= 2
+    slope(bs)   = SLOPE_0 + SLOPE_PER_REQ * bs
+
+DRAFT is the draft pass (one backbone pass over the whole block plus the head's first step),
+paid by any speculative round whatever L; slope is the price of one more verified token per
+request, growing with bs as the target's forward turns from memory-bound into compute-bound
+(bs * L tokens). Measured: L = 2 costs ~1.4 steps at bs 1..32; L = 16 costs ~1.7-2.2 steps at
+bs 1, ~2.4-3.0 at bs 4, ~4.1 at bs 16, ~4.3-5.3 at bs 32.
 
 Acceptance model: each draft is accepted with probability alpha given the ones before it were
 (geometric), so a round verifying L tokens commits E(L) = 1 + alpha + ... + alpha^(L-1) =
@@ -20,29 +23,35 @@ decoding (ratio 1) by MARGIN. Since L = 1 is always a candidate, the model never
 against plain decoding at any batch size, and the choice moves smoothly (no threshold cliff).
 
 alpha is a running estimate (`AcceptanceStats`): the truncated-geometric MLE accepted / judged
-over recent rounds, with exponential forgetting and a prior, probed at the full block every
-PROBE_EVERY plain rounds so a drafter that starts to match again is noticed.
+over recent rounds, with exponential forgetting and a prior. While the policy decodes plainly it
+probes the drafter with the cheapest speculative round (L = 2, which measures alpha directly),
+spaced so probes cost at most PROBE_BUDGET of the plain rounds' time:
+    probe every ceil((cost(bs, 2) - 1) / PROBE_BUDGET) plain rounds,
+and never when even a perfect drafter (alpha = 1) could not beat plain decoding at this bs.
 
-Switch: env DOMINO_ADAPTIVE=0 verifies the full block every round (fixed block).
-Depends on nothing but the standard library.
+Switches: env DOMINO_ADAPTIVE=0 verifies the full block every round (fixed block);
+DOMINO_DRAFT_LEN=L pins L (measurement). Depends on nothing but the standard library.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
-SLOPE_PER_REQ = 0.9 / 105
-SLOPE_0 = 0.5 / 15 - SLOPE_PER_REQ
+DRAFT = 0.35
+SLOPE_0 = 0.05
+SLOPE_PER_REQ = 0.0065
 MARGIN = 0.02
-PROBE_EVERY = 16
+PROBE_BUDGET = 0.02
+PROBE_LEN = 2
 
 
 def round_cost(bs: int, draft_len: int) -> float:
     """Cost of a round verifying `draft_len` tokens per request, in plain decode steps."""
     if draft_len <= 1:
         return 1.0
-    return 1.0 + (SLOPE_0 + SLOPE_PER_REQ * bs) * (draft_len - 1)
+    return 1.0 + DRAFT + (SLOPE_0 + SLOPE_PER_REQ * bs) * (draft_len - 1)
 
 
 def expected_tokens(alpha: float, draft_len: int) -> float:
@@ -59,6 +68,13 @@ def choose_draft_len(bs: int, alpha: float, block: int, margin: float = MARGIN) 
         if rate > best_rate:
             best, best_rate = draft_len, rate
     return best
+
+
+def probe_interval(bs: int, block: int) -> int | None:
+    """Plain rounds between two probes at batch size bs (None: never worth probing)."""
+    if choose_draft_len(bs, 1.0, block) == 1:
+        return None
+    return math.ceil((round_cost(bs, PROBE_LEN) - 1.0) / PROBE_BUDGET)
 
 
 @dataclass
@@ -94,17 +110,34 @@ class SpeculationPolicy:
 
     @classmethod
     def from_env(cls, block: int) -> SpeculationPolicy:
-        return cls(block, enabled=os.environ.get("DOMINO_ADAPTIVE", "1") != "0")
+        """DOMINO_ADAPTIVE=0: the full block every round; DOMINO_DRAFT_LEN=L (1..B): L every
+        round (for measuring the cost model, benchmarks/round_cost.py)."""
+        policy = cls(block, enabled=os.environ.get("DOMINO_ADAPTIVE", "1") != "0")
+        pinned = os.environ.get("DOMINO_DRAFT_LEN")
+        if pinned is not None:
+            if not pinned.isdigit() or not 1 <= int(pinned) <= block:
+                raise ValueError(f"DOMINO_DRAFT_LEN must be an integer in 1..{block} (the block "
+                                 f"size), got {pinned!r}")
+            policy.pinned = int(pinned)
+        return policy
+
+    pinned: int | None = None  # a fixed L (DOMINO_DRAFT_LEN), overriding the policy
 
     def draft_len(self, bs: int) -> int:
+        if self.pinned is not None:
+            return self.pinned
         if not self.enabled:
             return self.block
         chosen = choose_draft_len(bs, self.stats.alpha, self.block)
-        if chosen == 1:
-            self._plain_rounds += 1
-            if self._plain_rounds % PROBE_EVERY == 0:
-                return self.block  # probe: measure the drafter again
-        return chosen
+        if chosen > 1:
+            self._plain_rounds = 0
+            return chosen
+        self._plain_rounds += 1
+        interval = probe_interval(bs, self.block)
+        if interval is not None and self._plain_rounds >= interval:
+            self._plain_rounds = 0
+            return min(PROBE_LEN, self.block)  # probe: measure the drafter again, cheaply
+        return 1
 
     def observe(self, accept_lens: list[int], draft_len: int) -> None:
         """accept_lens: a + 1 per request of a round that verified draft_len tokens."""

@@ -1,0 +1,76 @@
+"""Measure the adaptive policy's cost model: the wall time of a DOMINO round verifying L tokens
+per request, relative to a plain decode step of the AR server, at several batch sizes.
+
+For each L a DOMINO server pins the draft length (env DOMINO_DRAFT_LEN=L); an AR server gives the
+plain step. At concurrency c, `c` streamed chat completions of `--max-tokens` tokens run at once
+(ignore_eos, temperature 0), so the batch holds c requests; the mean gap between streamed chunks is
+the round time (one chunk per request per round). cost(c, L) = gap(DOMINO, L) / gap(AR).
+The fitted constants of domino_sglang/policy.py come from this table.
+
+    python benchmarks/round_cost.py --lens 1 2 4 8 16 --concurrency 1 4 16 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
+from serving import RESULTS, mixed_prompts, one_request, run_point  # noqa: E402
+
+from domino_sglang.local_server import start_server  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lens", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16, 32])
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--drafter", default=None, help="default: the shipped drafter")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--out", default="round_cost")
+    args = ap.parse_args()
+    if min(args.lens) < 1 or min(args.concurrency) < 1 or args.max_tokens < 2:
+        ap.error("--lens and --concurrency must be >= 1, --max-tokens >= 2")
+
+    from domino_sglang.paths import shipped_drafter_dir
+
+    drafter = args.drafter or str(shipped_drafter_dir())
+    prov = provenance.collect()
+    servers = [("ar", ["--no-speculation"], {})] + [
+        (f"L={n}", ["--drafter", drafter], {"DOMINO_DRAFT_LEN": str(n)}) for n in args.lens]
+    gaps: dict[str, dict[int, float]] = {}
+    for name, flags, env in servers:
+        with start_server(f"cost-{name}", flags + ["--dtype", args.dtype], threads=args.threads,
+                          env=env) as server:
+            one_request(server.url, "Hello!", 8)  # warm-up
+            for c in args.concurrency:
+                point = run_point(server.url, mixed_prompts(c), c, args.max_tokens)
+                gaps.setdefault(name, {})[c] = point["itl_mean_ms"]
+                print(json.dumps({"server": name, **{k: v for k, v in point.items()
+                                                     if k != "texts"}}), flush=True)
+    cost = {name: {c: round(g / gaps["ar"][c], 3) for c, g in row.items()}
+            for name, row in gaps.items() if name != "ar"}
+
+    RESULTS.mkdir(exist_ok=True)
+    out = {"provenance": prov, "max_tokens": args.max_tokens, "dtype": args.dtype,
+           "drafter": drafter, "gap_ms": gaps, "cost_vs_ar_step": cost}
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=2) + "\n")
+    lines = [f"## Round cost in plain decode steps ({args.dtype}, {args.max_tokens} tokens)", "",
+             provenance.markdown_header(prov), f"- drafter: `{drafter}`", "",
+             "| L \\ concurrency | " + " | ".join(map(str, args.concurrency)) + " |",
+             "|---|" + "---|" * len(args.concurrency),
+             "| AR step (ms) | " + " | ".join(f"{gaps['ar'][c]:.1f}" for c in args.concurrency)
+             + " |"]
+    for name, row in cost.items():
+        lines.append(f"| {name} | " + " | ".join(str(row[c]) for c in args.concurrency) + " |")
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
