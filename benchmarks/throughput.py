@@ -1,8 +1,11 @@
 """Concurrency sweep: AR vs DOMINO fixed block vs DOMINO adaptive, at temperature 0 and 0.7.
 
-One run serves each method in turn (same target, dtype, threads, prompts: MT-Bench / GSM8K /
-HumanEval round-robin) and, for every temperature and concurrency, streams `2 x concurrency`
-(at least 8) chat completions of exactly `--max-tokens` tokens (ignore_eos). Reported per point:
+One run starts a server per method (same target, dtype, threads, prompts: MT-Bench / GSM8K /
+HumanEval round-robin) and keeps them all up (an idle server sleeps: --sleep-on-idle), then, for
+every temperature and concurrency, measures the methods back to back, in alternating order from
+one point to the next, so the machine's drift (this shared CPU's speed wanders by +-30% over tens
+of minutes) hits all methods alike. Each measurement streams `2 x concurrency` (at least 8) chat
+completions of exactly `--max-tokens` tokens (ignore_eos). Reported per point:
 output tokens/s, TTFT p50, mean inter-token latency, tau (committed tokens per verify round, from
 sglang:spec_verify_calls_total) and the speed-up over AR at the same point. "fixed" verifies the
 whole block every round (DOMINO_ADAPTIVE=0); "adaptive" lets policy.py pick the draft length.
@@ -16,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from contextlib import ExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -64,6 +69,9 @@ def main() -> None:
     ap.add_argument("--drafter", default=None, help="default: the shipped drafter")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--settle", type=float, default=5.0,
+                    help="seconds of quiet before each measurement (a server that just finished "
+                         "a heavy point can keep a core busy for a moment)")
     ap.add_argument("--out", default="throughput")
     args = ap.parse_args()
     if min(args.concurrency) < 1 or args.max_tokens < 1 or min(args.temperatures) < 0:
@@ -74,19 +82,25 @@ def main() -> None:
     drafter = args.drafter or str(shipped_drafter_dir())
     prov = provenance.collect()
     rows = []
-    for m in args.methods:
-        flags, env = METHODS[m]
-        flags = [f.format(drafter=drafter) for f in flags] + ["--dtype", args.dtype]
-        with start_server(f"tput-{m}", flags, threads=args.threads, env=env) as server:
-            one_request(server.url, "Hello!", 8)  # warm-up
-            for t in args.temperatures:
-                for c in args.concurrency:
-                    point = run_point(server.url, mixed_prompts(max(8, 2 * c)), c,
-                                      args.max_tokens, t)
-                    point.pop("texts")
-                    point.update(method=m, temperature=t)
-                    rows.append(point)
-                    print(json.dumps(point), flush=True)
+    with ExitStack() as stack:
+        servers = {}
+        for m in args.methods:  # started one at a time: start-up is CPU-heavy
+            flags, env = METHODS[m]
+            flags = [f.format(drafter=drafter) for f in flags] + ["--dtype", args.dtype]
+            servers[m] = stack.enter_context(
+                start_server(f"tput-{m}", flags, threads=args.threads, env=env))
+            one_request(servers[m].url, "Hello!", 8)  # warm-up
+        points = [(t, c) for t in args.temperatures for c in args.concurrency]
+        for i, (t, c) in enumerate(points):
+            order = args.methods if i % 2 == 0 else args.methods[::-1]
+            for m in order:
+                time.sleep(args.settle)
+                point = run_point(servers[m].url, mixed_prompts(max(8, 2 * c)), c,
+                                  args.max_tokens, t)
+                point.pop("texts")
+                point.update(method=m, temperature=t)
+                rows.append(point)
+                print(json.dumps(point), flush=True)
     ar = {(r["temperature"], r["concurrency"]): r for r in rows if r["method"] == "ar"}
     for r in rows:
         base = ar.get((r["temperature"], r["concurrency"]))
