@@ -157,7 +157,13 @@ class DominoDrafter(nn.Module):
             x = layer(x, positions, attend, i)
         return self.norm(x)
 
-    def head(self, embed: nn.Module, lm_head_weight: torch.Tensor) -> HeadParams:
+    def head(self, embed: nn.Module, lm_head_weight: torch.Tensor,
+             dtype: torch.dtype | None = None) -> HeadParams:
+        """The rollout's view of the head; `dtype` converts the GRU and embed_proj in place
+        (the backbone keeps its own dtype)."""
+        if dtype is not None:
+            self.prefix_gru.to(dtype)
+            self.embed_proj.to(dtype)
         return HeadParams(embed=embed, lm_head_weight=lm_head_weight,
                           prefix_gru=self.prefix_gru, embed_proj=self.embed_proj)
 

@@ -71,8 +71,26 @@ def test_upstream_layout_loads_and_runs(tmp_path):
     check_against_target(conf, target_hidden=32, target_vocab=64, target_layers=6)
     model = DominoDrafter.from_pretrained(conf)
     assert conf.block_size == 16 and conf.target_layer_ids == (1, 2, 3)
+    assert conf.candidate_pool == 2048  # upstream's default when the config does not say
+    full = write(tmp_path / "full", mutate(UPSTREAM_LIKE, "dflash_config.candidate_pool", 0))
+    assert load_draft_config(full).candidate_pool == 0  # 0 = full vocabulary, kept
     ctx_kv = model.context_kv(torch.randn(5, 3 * 32), torch.arange(5))
     assert len(ctx_kv) == 2 and ctx_kv[0][0].shape == (5, 2, 8)
+
+
+def test_head_dtype_converts_only_the_head(tmp_path):
+    """The CPU worker keeps the head in fp32 beside a bf16 backbone and bf16 target weights."""
+    from domino_sglang.rollout import greedy_rollout
+
+    conf = load_draft_config(write(tmp_path / "d", UPSTREAM_LIKE))
+    model = DominoDrafter.from_pretrained(conf, dtype=torch.bfloat16)
+    embed = torch.nn.Embedding(64, 32).to(torch.bfloat16)
+    head = model.head(embed, torch.randn(64, 32, dtype=torch.bfloat16), torch.float32)
+    assert head.prefix_gru.weight_hh_l0.dtype == head.embed_proj[2].weight.dtype == torch.float32
+    assert model.fc.weight.dtype == model.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16
+    z = torch.randn(3, 16, 32, dtype=torch.bfloat16)
+    chain = greedy_rollout(z, torch.tensor([1, 2, 3]), head, candidate_pool=8)
+    assert chain.shape == (3, 15) and int(chain.max()) < 64
 
 
 def mutate(cfg: dict, dotted: str, value) -> dict:
@@ -100,6 +118,8 @@ def mutate(cfg: dict, dotted: str, value) -> dict:
     ("block_size", 65, "block size must be in [2, 64]"),
     ("num_key_value_heads", 3, "'num_key_value_heads' (3) must divide"),
     ("auto_map", {"AutoModel": "x.Y"}, "asks for remote code"),
+    ("dflash_config.candidate_pool", -1, "field 'candidate_pool' must be an integer >= 0"),
+    ("dflash_config.candidate_pool", "2048", "field 'candidate_pool' must be an integer >= 0"),
 ])
 def test_malformed_config_is_rejected_naming_the_field(tmp_path, dotted, value, message):
     write(tmp_path / "ok", UPSTREAM_LIKE)
