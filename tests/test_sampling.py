@@ -89,7 +89,7 @@ class TinyTarget:
 
 
 def run_domino(target: TinyTarget, head: HeadParams, rows: SamplingRows, verify,
-               tokens: int = 3) -> torch.Tensor:
+               tokens: int = 3, pool: int = 0) -> torch.Tensor:
     """Rounds of draft -> verify -> commit for every row until `tokens` are generated.
 
     Returns the first `tokens` generated ids per row [n, tokens].
@@ -103,7 +103,7 @@ def run_domino(target: TinyTarget, head: HeadParams, rows: SamplingRows, verify,
     while int(length.min()) < len(PROMPT) + tokens:
         x_t, prev = hist[ar, length - 1], hist[ar, length - 2]
         u = RoundUniforms.for_round(rows.seed, length - 1, B)  # x_t at position length - 1
-        drafts, q = sampled_rollout(z, x_t, head, rows, u.draft)
+        drafts, q = sampled_rollout(z, x_t, head, rows, u.draft, candidate_pool=pool)
         chain = torch.cat((x_t[:, None], drafts), dim=1)  # [n, B]
         logits = target.logits(torch.cat((prev[:, None], chain[:, :-1]), 1), chain)  # [n,B,V]
         out, acc = verify(chain, logits, q, rows, u)
@@ -181,6 +181,15 @@ def test_domino_sampling_matches_target_distribution(case):
     print(f"\n{case}: chi2 {stat:.1f} (critical {crit:.1f} at alpha {ALPHA})")
     assert forbidden == 0  # never a sequence plain sampling cannot produce (top-k/top-p/min-p)
     assert stat < crit
+
+
+def test_candidate_pool_keeps_sampling_exact():
+    """The head scored over a 2-token pool: q is 0 outside it (the served default is a pool)."""
+    target, head = TinyTarget(), make_head(0)
+    rows = make_rows(N, **CASES["temperature"])
+    samples = run_domino(target, head, rows, verify_mixed, pool=2)
+    stat, crit, forbidden = chi_square(samples, target.joint3(rows))
+    assert forbidden == 0 and stat < crit
 
 
 @pytest.mark.parametrize("case", list(CASES))
