@@ -80,6 +80,8 @@ def test_loss_decreases_on_a_tiny_run(tmp_path):
     logs = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     losses = [x["loss"] for x in logs if "loss" in x]
     assert len(losses) == 6
+    evals = [x for x in logs if "eval" in x]
+    assert [x["step"] for x in evals] == [0, 30]  # the starting point, then every eval_every
     assert losses[-1] < 0.8 * losses[0], losses  # measured: 6.19 -> 4.70
     assert (tmp_path / "run" / "drafter" / "model.safetensors").is_file()
     from domino_sglang.config import load_draft_config, load_draft_weights

@@ -387,6 +387,13 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
         bar = tqdm(total=conf.steps, initial=step, desc="train", unit="step")
     log = (out / "log.jsonl").open("a") if rank == 0 else None
     window: dict = {}
+    if held and log is not None and step == 0:  # the starting point (an --init drafter's score)
+        ev = {"step": 0, "eval": evaluate(module, feats, held, conf)}
+        log.write(json.dumps(ev) + "\n")
+        log.flush()
+        if bar is not None:
+            bar.write(f"eval step 0: tau_sim base {ev['eval']['tau_sim_base']:.2f} "
+                      f"final {ev['eval']['tau_sim_final']:.2f}")
     while step < conf.steps:
         lam = lambda_at(step, conf.steps, conf.lambda_decay_frac)
         for group in opt.param_groups:
