@@ -69,6 +69,8 @@ RECIPE     ?= domino_sglang/train/recipes/smollm2-135m.toml
 REGEN_DATA ?= $(HOME)/.cache/domino_sglang/data/sharegpt-greedy256.jsonl
 REGEN_N    ?= 8000
 RUN_DIR    ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino
+RECIPE2    ?= domino_sglang/train/recipes/smollm2-135m-stage2.toml
+RUN_DIR2   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage2
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 regenerate: target
@@ -76,7 +78,9 @@ regenerate: target
 
 train-drafter: regenerate
 	$(BIN)/domino-sglang train --config $(RECIPE) --data $(REGEN_DATA) --out $(RUN_DIR)
-	cp $(RUN_DIR)/drafter/config.json $(RUN_DIR)/drafter/model.safetensors $(SHIPPED)/
+	$(BIN)/domino-sglang train --config $(RECIPE2) --data $(REGEN_DATA) --out $(RUN_DIR2) \
+		--init $(RUN_DIR)/drafter
+	cp $(RUN_DIR2)/drafter/config.json $(RUN_DIR2)/drafter/model.safetensors $(SHIPPED)/
 
 clean:
 	rm -rf $(VENV)
