@@ -189,3 +189,40 @@ def test_shipped_recipes_parse(recipe):
     hour two of a run)."""
     conf = load_train_config(recipe)
     assert conf.data.endswith(".jsonl") and conf.out and conf.steps > 0
+
+
+def test_rollout_tau_of_a_zero_head_equals_the_backbone(tmp_path):
+    """With the head's output projection zeroed the served rollout is the backbone's argmax
+    chain, so both taus agree; each is 1 + a matched prefix, within [1, B]."""
+    from domino_sglang.train import trainer as tr
+
+    conf = load_train_config(None, tiny_overrides(tmp_path, steps=40, lr=1e-2, save_every=40,
+                                                  eval_every=40))
+    train(conf, progress=False)
+    dconf = tr.load_draft_config(tmp_path / "run" / "drafter")
+    drafter = tr.DominoDrafter.from_pretrained(dconf)
+    feats = tr.TargetFeatures(conf.target, list(dconf.target_layer_ids), torch.float32)
+    module = tr.DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+    records = tr.load_records(conf.data, conf.max_seq_len)[:6]  # trained on: some drafts match
+    got = tr.rollout_tau(module, feats, records, conf)
+    # reference for the backbone chain: per block, 1 + longest prefix of argmax(base_k) == label
+    ref = []
+    for rec in records:
+        ids = torch.tensor(rec["ids"])
+        g = torch.Generator().manual_seed(10_000_019 * (rec["id"] + 1))
+        anchors = tr.sample_anchors(rec["start"], len(rec["ids"]), conf.anchors, g)
+        with torch.no_grad():
+            z, _, labels = module._blocks(ids, feats(rec), anchors, conf.block_size)
+        picks = (z @ feats.lm_head_weight.T).argmax(dim=-1)  # [n, B-1]
+        for p_row, l_row in zip(picks.tolist(), labels.tolist()):
+            k = 0
+            while k < len(p_row) and p_row[k] == l_row[k]:
+                k += 1
+            ref.append(1 + k)
+    assert sum(ref) > len(ref)  # some drafts match (measured 1.08), so the comparison has teeth
+    assert got["tau_rollout_base"] == pytest.approx(sum(ref) / len(ref))
+    assert 1.0 <= got["tau_rollout_base"] <= conf.block_size
+    with torch.no_grad():
+        drafter.embed_proj[2].weight.zero_()
+    zero = tr.rollout_tau(module, feats, records, conf)
+    assert zero["tau_rollout_final"] == zero["tau_rollout_base"] == got["tau_rollout_base"]

@@ -322,7 +322,41 @@ def evaluate(module: DrafterTrainModule, feats: TargetFeatures, records: list[di
                 correct_f = [x + y for x, y in zip(correct_f, st["correct_final"])]
     acc_b, acc_f = accuracies(valid, correct_b), accuracies(valid, correct_f)
     return {"acc_base": acc_b, "acc_final": acc_f,
-            "tau_sim_base": tau_sim(acc_b), "tau_sim_final": tau_sim(acc_f)}
+            "tau_sim_base": tau_sim(acc_b), "tau_sim_final": tau_sim(acc_f),
+            **rollout_tau(module, feats, records, conf)}
+
+
+def rollout_tau(module: DrafterTrainModule, feats: TargetFeatures, records: list[dict],
+                conf: TrainConfig) -> dict:
+    """tau as serving would measure it on held-out records, without a server.
+
+    Unlike tau_sim (teacher-forced accuracies), the head rolls out over its OWN drafts, exactly
+    as `greedy_rollout` does in the worker (candidate pool included); the record's next tokens
+    are the greedy target's choices, so a block commits 1 + the longest prefix of drafts equal
+    to them. Returns tau_rollout_{final,base} (head on / backbone only).
+    """
+    from domino_sglang.config import DEFAULT_CANDIDATE_POOL
+    from domino_sglang.rollout import HeadParams, greedy_rollout
+
+    drafter = module.drafter
+    head = HeadParams(embed=nn.Embedding.from_pretrained(module.embed_weight),
+                      lm_head_weight=module.lm_head_weight, prefix_gru=drafter.prefix_gru,
+                      embed_proj=drafter.embed_proj)
+    B = drafter.conf.block_size
+    committed = {"final": [], "base": []}
+    with torch.no_grad():
+        for rec in records:
+            g = torch.Generator().manual_seed(10_000_019 * (rec["id"] + 1))
+            ids = torch.tensor(rec["ids"])
+            anchors = sample_anchors(rec["start"], len(rec["ids"]), conf.anchors, g)
+            z, _, labels = module._blocks(ids, feats(rec), anchors, B)  # [n, B-1, H], [n, B-1]
+            z = torch.cat((z, z[:, -1:]), dim=1)  # [n, B, H]: rollout reads z[:, :B-1] only
+            bonus = ids[torch.tensor(anchors)]
+            for name, use_head in (("final", True), ("base", False)):
+                chain = greedy_rollout(z, bonus, head, DEFAULT_CANDIDATE_POOL, use_head=use_head)
+                match = (chain == labels).int().cumprod(dim=1)  # IGNORE labels never match
+                committed[name] += (1 + match.sum(dim=1)).tolist()
+    return {f"tau_rollout_{k}": sum(v) / len(v) for k, v in committed.items()}
 
 
 def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
@@ -392,8 +426,7 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
         log.write(json.dumps(ev) + "\n")
         log.flush()
         if bar is not None:
-            bar.write(f"eval step 0: tau_sim base {ev['eval']['tau_sim_base']:.2f} "
-                      f"final {ev['eval']['tau_sim_final']:.2f}")
+            bar.write(_eval_line(ev))
     while step < conf.steps:
         lam = lambda_at(step, conf.steps, conf.lambda_decay_frac)
         for group in opt.param_groups:
@@ -428,8 +461,7 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
             log.write(json.dumps(ev) + "\n")
             log.flush()
             if bar is not None:
-                bar.write(f"eval step {step}: tau_sim base {ev['eval']['tau_sim_base']:.2f} "
-                          f"final {ev['eval']['tau_sim_final']:.2f}")
+                bar.write(_eval_line(ev))
         if rank == 0 and (step % conf.save_every == 0 or step == conf.steps):
             _save_checkpoint(out, drafter, opt, step, conf)
             save_drafter(out / "drafter", dcfg, drafter.state_dict(), dtype=torch.bfloat16)
@@ -483,6 +515,13 @@ def _load_conf_from_dict(cfg: dict, scratch: Path):
     from domino_sglang.config import parse_draft_config
 
     return parse_draft_config(cfg, scratch)
+
+
+def _eval_line(ev: dict) -> str:
+    e = ev["eval"]
+    return (f"eval step {ev['step']}: tau_sim base {e['tau_sim_base']:.2f} final "
+            f"{e['tau_sim_final']:.2f}, tau_rollout base {e['tau_rollout_base']:.2f} final "
+            f"{e['tau_rollout_final']:.2f}")
 
 
 def _accumulate(window: dict, st: dict, loss: float, gnorm: float) -> None:
