@@ -1,10 +1,13 @@
-"""The shipped drafter: loads in the server by default, stays lossless, and keeps its acceptance.
+"""The shipped drafter: loads in the server by default, stays lossless, keeps its acceptance, and
+the worker drafts exactly what the drafter computes.
 
 A regression guard, not a timing: tau on 5 fixed prompts (greedy, float32 so the output must equal
 plain decoding token for token, fixed block: DOMINO_ADAPTIVE=0) must stay above TAU_FLOOR.
-Measured when the drafter was committed (2026-11-22): tau 1.168 (264 tokens / 226 rounds) on these
-prompts WITH the adaptive policy on, whose plain-decoding rounds commit exactly one token, so the
-fixed-block tau is at least that; a random drafter gives 1.03.
+Measured 2026-11-23 with the fixed block: tau 1.179 (264 tokens / 224 rounds); a random drafter
+gives 1.03. Then the same tokens are replayed through the drafter in plain PyTorch
+(`trainer.replay_rounds`): the verify rounds must be equal per prompt. Checked to have power: with
+the decode-round context features written one position late (worker.py, `positions + 1`), output
+stays lossless but one prompt needs 60 rounds instead of 59 and the test fails.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from domino_sglang.paths import shipped_drafter_dir
 
 pytestmark = pytest.mark.server
 NEW_TOKENS = 64
-TAU_MEASURED = 1.168
-TAU_FLOOR = 1.10  # measured - 0.068: above a random drafter (1.03), below the measured value
+TAU_MEASURED = 1.179
+TAU_FLOOR = 1.10  # measured - 0.079: above a random drafter (1.03), below the measured value
 
 
 def _generate(url: str, ids: list[int]) -> dict:
@@ -52,3 +55,28 @@ def test_shipped_drafter_is_lossless_and_keeps_its_tau(ar_server_fp32, chat_ids)
     tau = tokens / rounds
     print(f"shipped drafter tau on 5 prompts: {tau:.3f} ({tokens} tokens / {rounds} rounds)")
     assert tau >= TAU_FLOOR, f"tau {tau:.3f} fell below the floor {TAU_FLOOR}"
+
+    # The worker drafts what the drafter computes: replaying the same tokens through the drafter
+    # in plain PyTorch (transformers features, float32 like the server) needs the same rounds.
+    # Losslessness cannot see a broken draft context (wrong K/V slots, positions or mask only
+    # cost acceptance); this can.
+    replayed = _replay([{"id": i, "ids": ids + out["output_ids"], "start": len(ids)}
+                        for i, (ids, out) in enumerate(zip(prompts, outs))])
+    served = [out["meta_info"]["spec_verify_ct"] for out in outs]
+    print(f"verify rounds per prompt: served {served}, replayed {replayed}")
+    assert served == replayed
+
+
+def _replay(records: list[dict]) -> list[int]:
+    import torch
+
+    from domino_sglang.config import load_draft_config
+    from domino_sglang.model import DominoDrafter
+    from domino_sglang.paths import target_dir
+    from domino_sglang.train.trainer import DrafterTrainModule, TargetFeatures, replay_rounds
+
+    dconf = load_draft_config(shipped_drafter_dir())
+    feats = TargetFeatures(target_dir(), list(dconf.target_layer_ids), torch.float32)
+    drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).eval()
+    module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+    return [replay_rounds(module, feats, rec) for rec in records]

@@ -336,13 +336,9 @@ def rollout_tau(module: DrafterTrainModule, feats: TargetFeatures, records: list
     to them. Returns tau_rollout_{final,base} (head on / backbone only).
     """
     from domino_sglang.config import DEFAULT_CANDIDATE_POOL
-    from domino_sglang.rollout import HeadParams, greedy_rollout
+    from domino_sglang.rollout import greedy_rollout
 
-    drafter = module.drafter
-    head = HeadParams(embed=nn.Embedding.from_pretrained(module.embed_weight),
-                      lm_head_weight=module.lm_head_weight, prefix_gru=drafter.prefix_gru,
-                      embed_proj=drafter.embed_proj)
-    B = drafter.conf.block_size
+    head, B = _head_params(module), module.drafter.conf.block_size
     committed = {"final": [], "base": []}
     with torch.no_grad():
         for rec in records:
@@ -357,6 +353,43 @@ def rollout_tau(module: DrafterTrainModule, feats: TargetFeatures, records: list
                 match = (chain == labels).int().cumprod(dim=1)  # IGNORE labels never match
                 committed[name] += (1 + match.sum(dim=1)).tolist()
     return {f"tau_rollout_{k}": sum(v) / len(v) for k, v in committed.items()}
+
+
+@torch.no_grad()
+def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
+                  use_head: bool = True) -> int:
+    """Verify rounds the worker's greedy loop needs to commit rec's generated tokens.
+
+    rec = {"id", "ids": prompt + generated, "start": prompt length}, generated greedily by the
+    target. Round by round, as `DominoWorker.decode_round` with a fixed block:
+        a = start (x_a, the prefill's token, is the first bonus); repeat while a < T - 1:
+        draft [x_a, MASK x (B-1)] from the features of positions < a, k = longest prefix of
+        drafts equal to x_{a+1..}, a += k + 1
+    Equal to the served spec_verify_ct when serving computes what the drafter computes.
+    """
+    from domino_sglang.config import DEFAULT_CANDIDATE_POOL
+    from domino_sglang.rollout import greedy_rollout
+
+    ids, f = torch.tensor(rec["ids"]), feats(rec)  # [T], [T, K*H]
+    T, B, head = len(ids), module.drafter.conf.block_size, _head_params(module)
+    a, rounds = rec["start"], 0
+    while a < T - 1:
+        z, _, labels = module._blocks(ids, f, [a], B)  # [1, B-1, H], [1, B-1]
+        z = torch.cat((z, z[:, -1:]), dim=1)  # [1, B, H]: the rollout reads z[:, :B-1]
+        chain = greedy_rollout(z, ids[a:a + 1], head, DEFAULT_CANDIDATE_POOL, use_head=use_head)
+        rounds += 1
+        a += 1 + int((chain == labels).int().cumprod(dim=1).sum())
+    return rounds
+
+
+def _head_params(module: DrafterTrainModule):
+    """The rollout's view of the drafter under training (shared tensors, fp32)."""
+    from domino_sglang.rollout import HeadParams
+
+    d = module.drafter
+    return HeadParams(embed=nn.Embedding.from_pretrained(module.embed_weight),
+                      lm_head_weight=module.lm_head_weight, prefix_gru=d.prefix_gru,
+                      embed_proj=d.embed_proj)
 
 
 def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
