@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 
 from domino_sglang import data  # noqa: E402
+from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 from domino_sglang.local_server import start_server  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -140,7 +141,8 @@ def main() -> None:
     ap.add_argument("--drafter", default=None, help="drafter folder (default: the shipped one)")
     ap.add_argument("--block-size", type=int, default=16, help="NGRAM draft tokens")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default=default_cpu_dtype(),
+                    help="server dtype (default: the CPU server's, cpu/dtype.py)")
     ap.add_argument("--out", default="acceptance")
     args = ap.parse_args()
     if args.limit < 0 or args.max_tokens < 1:

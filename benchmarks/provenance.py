@@ -11,6 +11,8 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from domino_sglang.cpu.dtype import native_bf16
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -46,7 +48,8 @@ def collect() -> dict:
         "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
         "revision": _git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else ""),
         "machine": f"{_cpu_model()}, {os.cpu_count()} cores, "
-                   f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
+                   f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, "
+                   f"native bf16: {'yes' if native_bf16() else 'no'}",
         "python": platform.python_version(),
         "torch": _pkg("torch"),
         "sglang": _pkg("sglang"),

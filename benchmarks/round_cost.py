@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 from serving import RESULTS, mixed_prompts, one_request, run_point  # noqa: E402
 
+from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 from domino_sglang.local_server import start_server  # noqa: E402
 
 
@@ -31,7 +32,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--drafter", default=None, help="default: the shipped drafter")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default=default_cpu_dtype(),
+                    help="server dtype (default: the CPU server's, cpu/dtype.py)")
     ap.add_argument("--out", default="round_cost")
     args = ap.parse_args()
     if min(args.lens) < 1 or min(args.concurrency) < 1 or args.max_tokens < 2:

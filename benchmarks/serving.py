@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 
 from domino_sglang import data  # noqa: E402
+from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 from domino_sglang.local_server import start_server  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -134,7 +135,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the server")
     ap.add_argument("--drafter", default=None, help="drafter folder for `domino`, or `random`")
     ap.add_argument("--block-size", type=int, default=16, help="block size of a random drafter")
-    ap.add_argument("--dtype", default="bfloat16", help="server dtype (bfloat16 or float32)")
+    ap.add_argument("--dtype", default=default_cpu_dtype(),
+                    help="server dtype (default: the CPU server's, cpu/dtype.py)")
     ap.add_argument("--out", default="serving", help="result file stem under benchmarks/results/")
     args = ap.parse_args()
 

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 from serving import RESULTS, mixed_prompts, one_request, run_point  # noqa: E402
 
+from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 from domino_sglang.local_server import start_server  # noqa: E402
 
 # method -> (`domino-sglang serve` flags, environment)
@@ -68,7 +69,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--drafter", default=None, help="default: the shipped drafter")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default=default_cpu_dtype(),
+                    help="server dtype (default: the CPU server's, cpu/dtype.py)")
     ap.add_argument("--settle", type=float, default=5.0,
                     help="seconds of quiet before each measurement (a server that just finished "
                          "a heavy point can keep a core busy for a moment)")

@@ -66,7 +66,9 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         env["OMP_NUM_THREADS"] = str(args.threads)
         cmd += ["--device", "cpu", "--attention-backend", "domino_cpu"]
-        cmd += ["--dtype", args.dtype or "bfloat16"]
+        from domino_sglang.cpu.dtype import default_cpu_dtype
+
+        cmd += ["--dtype", args.dtype or default_cpu_dtype()]
         if not _has_flag(extra, "--max-total-tokens"):
             cmd += ["--max-total-tokens", str(args.max_total_tokens)]
         if not _has_flag(extra, "--mem-fraction-static"):
@@ -302,7 +304,9 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--drafter", type=Path, default=None,
                    help="Domino drafter folder (default: the shipped one, if any)")
     s.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: auto")
-    s.add_argument("--dtype", default=None, help="model dtype (CPU default bfloat16)")
+    s.add_argument("--dtype", default=None,
+                   help="model dtype (CPU default: bfloat16 where the CPU has native bf16 "
+                        "matmuls, AVX512-BF16 or AMX; float32 otherwise, see cpu/dtype.py)")
     s.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                    help="torch threads of the CPU server (default: cores - 1)")
     s.add_argument("--max-total-tokens", type=int, default=65536,

@@ -75,3 +75,21 @@ def test_invalid_combinations(drafter, kw, message):
 def test_not_a_domino_drafter(target_path):
     with pytest.raises(DominoArgsError, match="field 'architectures'"):
         resolve_server_args(args(target_path))  # the target itself is no drafter
+
+
+@pytest.mark.parametrize("native,expected", [(True, "bfloat16"), (False, "float32")])
+def test_cpu_default_dtype_follows_native_bf16(native, expected, monkeypatch, target_path):
+    """Without native bf16 matmuls (AVX2-only CPUs) the CPU server defaults to float32; an explicit
+    --dtype always wins."""
+    from domino_sglang.cpu import dtype as cpu_dtype
+
+    monkeypatch.setattr(cli, "_cuda_available", lambda: False)
+    monkeypatch.setattr(cpu_dtype, "native_bf16", lambda: native)
+    ns = cli.make_parser().parse_args(["serve", "--model-path", str(target_path)])
+    cmd, _ = cli.build_serve_command(ns, [])
+    assert cmd[cmd.index("--dtype") + 1] == expected
+    ns = cli.make_parser().parse_args(["serve", "--model-path", str(target_path),
+                                       "--dtype", "bfloat16"])
+    cmd, _ = cli.build_serve_command(ns, [])
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
+
