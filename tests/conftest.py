@@ -56,6 +56,7 @@ def ar_server_fp32(target_path):
 
 @pytest.fixture(scope="session")
 def ar_server_bf16(target_path):
-    server = start_server("ar-bf16", ["--no-speculation", "--max-total-tokens", "16384"])
+    server = start_server("ar-bf16", ["--no-speculation", "--dtype", "bfloat16",
+                                      "--max-total-tokens", "16384"])
     yield server
     server.stop()
