@@ -34,6 +34,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default=default_cpu_dtype(),
                     help="server dtype (default: the CPU server's, cpu/dtype.py)")
+    ap.add_argument("--plain-verify", action="store_true",
+                    help="also time L=1 as a one-token TARGET_VERIFY forward "
+                         "(DOMINO_PLAIN_DECODE=0) next to the default DECODE forward")
     ap.add_argument("--out", default="round_cost")
     args = ap.parse_args()
     if min(args.lens) < 1 or min(args.concurrency) < 1 or args.max_tokens < 2:
@@ -45,7 +48,11 @@ def main() -> None:
     prov = provenance.collect()
     servers = [("ar", ["--no-speculation"], {})] + [
         (f"L={n}", ["--drafter", drafter], {"DOMINO_DRAFT_LEN": str(n)}) for n in args.lens]
+    if args.plain_verify:
+        servers.append(("L=1 (verify forward)", ["--drafter", drafter],
+                        {"DOMINO_DRAFT_LEN": "1", "DOMINO_PLAIN_DECODE": "0"}))
     gaps: dict[str, dict[int, float]] = {}
+    texts: dict[str, dict[int, list[str]]] = {}
     for name, flags, env in servers:
         with start_server(f"cost-{name}", flags + ["--dtype", args.dtype], threads=args.threads,
                           env=env) as server:
@@ -53,14 +60,19 @@ def main() -> None:
             for c in args.concurrency:
                 point = run_point(server.url, mixed_prompts(c), c, args.max_tokens)
                 gaps.setdefault(name, {})[c] = point["itl_mean_ms"]
+                texts.setdefault(name, {})[c] = point["texts"]
                 print(json.dumps({"server": name, **{k: v for k, v in point.items()
                                                      if k != "texts"}}), flush=True)
+    # greedy: every server must produce AR's text (a cheap losslessness check of the run)
+    differ = [f"{name} c={c}" for name, row in texts.items() for c, t in row.items()
+              if t != texts["ar"][c]]
     cost = {name: {c: round(g / gaps["ar"][c], 3) for c, g in row.items()}
             for name, row in gaps.items() if name != "ar"}
 
     RESULTS.mkdir(exist_ok=True)
     out = {"provenance": prov, "max_tokens": args.max_tokens, "dtype": args.dtype,
-           "drafter": drafter, "gap_ms": gaps, "cost_vs_ar_step": cost}
+           "drafter": drafter, "gap_ms": gaps, "cost_vs_ar_step": cost,
+           "text_differs_from_ar": differ}
     (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = [f"## Round cost in plain decode steps ({args.dtype}, {args.max_tokens} tokens)", "",
              provenance.markdown_header(prov), f"- drafter: `{drafter}`", "",
@@ -70,6 +82,8 @@ def main() -> None:
              + " |"]
     for name, row in cost.items():
         lines.append(f"| {name} | " + " | ".join(str(row[c]) for c in args.concurrency) + " |")
+    same = "yes, at every point" if not differ else "NO: " + ", ".join(differ)
+    lines += ["", f"Greedy output equal to AR's: {same}"]
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -30,7 +30,10 @@ spaced so probes cost at most PROBE_BUDGET of the plain rounds' time:
 and never when even a perfect drafter (alpha = 1) could not beat plain decoding at this bs.
 
 Switches: env DOMINO_ADAPTIVE=0 verifies the full block every round (fixed block);
-DOMINO_DRAFT_LEN=L pins L (measurement). Depends on nothing but the standard library.
+DOMINO_DRAFT_LEN=L pins L (measurement); DOMINO_DRAFT_LEN=L0,L1,.. cycles a pattern by the
+committed length n of the batch's first request (L = pattern[n mod len]): a deterministic mix of
+plain and speculative rounds that a one-request-at-a-time test can replay.
+Depends on nothing but the standard library.
 """
 
 from __future__ import annotations
@@ -111,21 +114,30 @@ class SpeculationPolicy:
     @classmethod
     def from_env(cls, block: int) -> SpeculationPolicy:
         """DOMINO_ADAPTIVE=0: the full block every round; DOMINO_DRAFT_LEN=L (1..B): L every
-        round (for measuring the cost model, benchmarks/round_cost.py)."""
+        round (for measuring the cost model, benchmarks/round_cost.py); L0,L1,..: a pattern
+        cycled by committed length (tests)."""
         policy = cls(block, enabled=os.environ.get("DOMINO_ADAPTIVE", "1") != "0")
         pinned = os.environ.get("DOMINO_DRAFT_LEN")
         if pinned is not None:
-            if not pinned.isdigit() or not 1 <= int(pinned) <= block:
+            lens = pinned.split(",")
+            if not all(n.strip().isdigit() and 1 <= int(n) <= block for n in lens):
                 raise ValueError(f"DOMINO_DRAFT_LEN must be an integer in 1..{block} (the block "
-                                 f"size), got {pinned!r}")
-            policy.pinned = int(pinned)
+                                 f"size) or a comma-separated list of them, got {pinned!r}")
+            policy.pinned = tuple(int(n) for n in lens)
         return policy
 
-    pinned: int | None = None  # a fixed L (DOMINO_DRAFT_LEN), overriding the policy
+    pinned: tuple[int, ...] | None = None  # DOMINO_DRAFT_LEN, overriding the policy
 
-    def draft_len(self, bs: int) -> int:
+    @property
+    def cycles(self) -> bool:
+        """Whether draft_len needs the batch's committed length (a pinned pattern)."""
+        return self.pinned is not None and len(self.pinned) > 1
+
+    def draft_len(self, bs: int, committed: int = 0) -> int:
+        """L for a round of bs requests; `committed` (the first request's committed length)
+        matters only to a pinned pattern."""
         if self.pinned is not None:
-            return self.pinned
+            return self.pinned[committed % len(self.pinned)]
         if not self.enabled:
             return self.block
         chosen = choose_draft_len(bs, self.stats.alpha, self.block)

@@ -107,6 +107,7 @@ class DominoWorker(BaseSpecWorker):
         self._warned: set[str] = set()
         self.metrics = DominoMetrics.for_scheduler(self.block_size, self.device)
         self.policy = SpeculationPolicy.from_env(self.block_size)  # DOMINO_ADAPTIVE=0: fixed
+        self._plain_decode: bool | None = None  # see plain_decode_forward
         logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s",
                     self.block_size, conf.num_layers, list(conf.target_layer_ids),
                     self.candidate_pool or "full vocabulary", "on" if self.use_head else "OFF")
@@ -140,6 +141,19 @@ class DominoWorker(BaseSpecWorker):
 
     def clear_cache_pool(self):
         pass  # the draft KV shares the target's allocator: nothing of its own to clear
+
+    @property
+    def plain_decode_forward(self) -> bool:
+        """Whether plain rounds (L = 1) run the target's own DECODE forward, as plain decoding
+        does. Not when the target replays captured graphs (known only after the scheduler has
+        captured them): those are captured for TARGET_VERIFY at width B and their runner does not
+        tell a DECODE batch apart, so L = 1 stays an eager one-token verify there.
+        DOMINO_PLAIN_DECODE=0 forces the verify path (benchmarks/round_cost.py --plain-verify)."""
+        if self._plain_decode is None:
+            graphs = getattr(self.model_runner, "decode_cuda_graph_runner", None)
+            self._plain_decode = (graphs is None
+                                  and os.environ.get("DOMINO_PLAIN_DECODE", "1") != "0")
+        return self._plain_decode
 
     # ---- the work ----
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None,
@@ -191,7 +205,11 @@ class DominoWorker(BaseSpecWorker):
         # L, the chain length verified this round. A seeded request's realised tokens depend on
         # L (coins vs. plain draws), so batches holding one verify the full block: reproducible.
         pinned = sampled and any(s is not None for s in seeds)
-        block = self.block_size if pinned else self.policy.draft_len(bs)
+        committed = 0
+        if self.policy.cycles:  # a test pattern: needs the first request's length on the host
+            lens = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens
+            committed = int(lens[0])
+        block = self.block_size if pinned else self.policy.draft_len(bs, committed)
         prefix_lens = batch.seq_lens  # committed tokens (x_t, the bonus, is not among them)
         chain = torch.full((bs, self.block_size), self.conf.mask_token_id, dtype=torch.int64,
                            device=self.device)
@@ -211,7 +229,10 @@ class DominoWorker(BaseSpecWorker):
         slots = slots[:, :block].reshape(-1)
         clock.mark()  # drafted
         grammar = GrammarTree.from_linear_chain(chain) if batch.has_grammar else None
-        logits_output, hidden = self.verify_forward(batch, chain, positions, slots)
+        if block == 1 and self.plain_decode_forward:
+            logits_output, hidden = self.decode_forward(batch, chain, slots)
+        else:
+            logits_output, hidden = self.verify_forward(batch, chain, positions, slots)
         logits = self.target_logits(batch, logits_output, grammar, grammar_barrier)  # [bs,L,V]
         if sampled:
             q = drafted if block > 1 else logits.new_zeros(bs, 0, logits.shape[-1])
@@ -399,6 +420,30 @@ class DominoWorker(BaseSpecWorker):
         batch.seq_lens_cpu, batch.seq_lens_sum = saved
         out = self._target_worker.forward_batch_generation(
             batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True)
+        return out.logits_output, out.logits_output.hidden_states
+
+    def decode_forward(self, batch, chain, slots):
+        """Plain round: the target's DECODE forward over x_t alone (chain [bs, 1] at `slots`),
+        built by SGLang from the schedule batch exactly as plain decoding builds it (seq_lens
+        count x_t, positions = seq_lens - 1), with the drafter's target-layer features captured.
+        The batch's round state is restored afterwards."""
+        saved = (batch.forward_mode, batch.input_ids, batch.out_cache_loc, batch.spec_info,
+                 batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum)
+        batch.forward_mode, batch.input_ids, batch.out_cache_loc = (
+            ForwardMode.DECODE, chain.reshape(-1), slots)
+        batch.spec_info = None
+        batch.seq_lens = batch.seq_lens + 1
+        if batch.seq_lens_cpu is not None:
+            batch.seq_lens_cpu = batch.seq_lens_cpu + 1
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        else:
+            batch.seq_lens_sum = int(batch.seq_lens.sum())
+        try:
+            out = self._target_worker.forward_batch_generation(
+                batch, is_verify=True, capture_hidden_mode=CaptureHiddenMode.FULL)
+        finally:
+            (batch.forward_mode, batch.input_ids, batch.out_cache_loc, batch.spec_info,
+             batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum) = saved
         return out.logits_output, out.logits_output.hidden_states
 
     def write_draft_context(self, target_hidden: torch.Tensor, positions: torch.Tensor,

@@ -105,7 +105,11 @@ def test_switched_off_is_fixed_block(monkeypatch):
 def test_pinned_draft_len(monkeypatch):
     monkeypatch.setenv("DOMINO_DRAFT_LEN", "3")
     assert SpeculationPolicy.from_env(B).draft_len(32) == 3
-    for bad in ("0", "17", "x"):
+    monkeypatch.setenv("DOMINO_DRAFT_LEN", "16,1")  # a pattern, by the committed length
+    policy = SpeculationPolicy.from_env(B)
+    assert policy.cycles
+    assert [policy.draft_len(4, n) for n in (100, 101, 102, 7)] == [16, 1, 16, 1]
+    for bad in ("0", "17", "x", "4,", "2,0"):
         monkeypatch.setenv("DOMINO_DRAFT_LEN", bad)
-        with pytest.raises(ValueError, match="DOMINO_DRAFT_LEN must be an integer in 1..16"):
+        with pytest.raises(ValueError, match="must be an integer in 1..16 .* list"):
             SpeculationPolicy.from_env(B)

@@ -35,12 +35,16 @@ def _generate(url: str, ids: list[int]) -> dict:
     return r.json()
 
 
-def test_shipped_drafter_is_lossless_and_keeps_its_tau(ar_server_fp32, chat_ids):
+@pytest.fixture(scope="module")
+def reference(ar_server_fp32, chat_ids) -> list[list[int]]:
+    with ThreadPoolExecutor(5) as pool:  # batched: float32 output does not depend on the batch
+        return [r["output_ids"] for r in pool.map(
+            lambda ids: _generate(ar_server_fp32.url, ids), chat_ids[:5])]
+
+
+def test_shipped_drafter_is_lossless_and_keeps_its_tau(reference, chat_ids):
     assert (shipped_drafter_dir() / "model.safetensors").is_file()
     prompts = chat_ids[:5]
-    with ThreadPoolExecutor(5) as pool:  # batched: float32 output does not depend on the batch
-        reference = [r["output_ids"] for r in pool.map(
-            lambda ids: _generate(ar_server_fp32.url, ids), prompts)]
     # no --drafter: `domino-sglang serve` picks the shipped one
     with start_server("shipped", ["--dtype", "float32", "--max-total-tokens", "16384"],
                       env={"DOMINO_ADAPTIVE": "0"}) as server:
@@ -68,7 +72,31 @@ def test_shipped_drafter_is_lossless_and_keeps_its_tau(ar_server_fp32, chat_ids)
     assert served == replayed
 
 
-def _replay(records: list[dict]) -> list[int]:
+PATTERN = (16, 1)  # DOMINO_DRAFT_LEN=16,1: a full block at even committed lengths, else plain
+
+
+def test_plain_rounds_feed_the_draft_context(reference, chat_ids):
+    """Plain rounds (L = 1) run the target's DECODE forward, not a verify; the features they
+    capture must enter the draft KV exactly as a verify round's do. A pinned pattern mixes plain
+    and full-block rounds deterministically (by committed length; one request at a time, so the
+    batch's first request is the request), and the replay follows the same pattern. Checked to
+    have power: not writing the draft context after plain rounds (worker.py) keeps the output
+    lossless but changes the rounds, and this test fails."""
+    prompts = chat_ids[:3]
+    with start_server("shipped-plain", ["--dtype", "float32", "--max-total-tokens", "16384"],
+                      env={"DOMINO_DRAFT_LEN": ",".join(map(str, PATTERN))}) as server:
+        outs = [_generate(server.url, ids) for ids in prompts]
+    assert [out["output_ids"] for out in outs] == reference[:3]
+    served = [out["meta_info"]["spec_verify_ct"] for out in outs]
+    replayed = _replay([{"id": i, "ids": ids + out["output_ids"], "start": len(ids)}
+                        for i, (ids, out) in enumerate(zip(prompts, outs))], PATTERN)
+    fixed = _replay([{"id": i, "ids": ids + out["output_ids"], "start": len(ids)}
+                     for i, (ids, out) in enumerate(zip(prompts, outs))])
+    print(f"pattern {PATTERN}: rounds served {served}, replayed {replayed} (fixed block {fixed})")
+    assert served == replayed
+
+
+def _replay(records: list[dict], draft_lens: tuple[int, ...] | None = None) -> list[int]:
     import torch
 
     from domino_sglang.config import load_draft_config
@@ -80,4 +108,4 @@ def _replay(records: list[dict]) -> list[int]:
     feats = TargetFeatures(target_dir(), list(dconf.target_layer_ids), torch.float32)
     drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).eval()
     module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
-    return [replay_rounds(module, feats, rec) for rec in records]
+    return [replay_rounds(module, feats, rec, draft_lens=draft_lens) for rec in records]

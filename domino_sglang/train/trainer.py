@@ -357,7 +357,7 @@ def rollout_tau(module: DrafterTrainModule, feats: TargetFeatures, records: list
 
 @torch.no_grad()
 def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
-                  use_head: bool = True) -> int:
+                  use_head: bool = True, draft_lens: tuple[int, ...] | None = None) -> int:
     """Verify rounds the worker's greedy loop needs to commit rec's generated tokens.
 
     rec = {"id", "ids": prompt + generated, "start": prompt length}, generated greedily by the
@@ -365,6 +365,8 @@ def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
         a = start (x_a, the prefill's token, is the first bonus); repeat while a < T - 1:
         draft [x_a, MASK x (B-1)] from the features of positions < a, k = longest prefix of
         drafts equal to x_{a+1..}, a += k + 1
+    draft_lens: the worker's pinned pattern (DOMINO_DRAFT_LEN=L0,L1,..): a round at committed
+    length a verifies L = draft_lens[a mod len] chain tokens (L - 1 drafts; L = 1: plain, a += 1).
     Equal to the served spec_verify_ct when serving computes what the drafter computes.
     """
     from domino_sglang.config import DEFAULT_CANDIDATE_POOL
@@ -374,11 +376,15 @@ def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
     T, B, head = len(ids), module.drafter.conf.block_size, _head_params(module)
     a, rounds = rec["start"], 0
     while a < T - 1:
+        rounds += 1
+        n = (draft_lens[a % len(draft_lens)] if draft_lens else B) - 1  # drafts verified
+        if n == 0:
+            a += 1
+            continue
         z, _, labels = module._blocks(ids, f, [a], B)  # [1, B-1, H], [1, B-1]
         z = torch.cat((z, z[:, -1:]), dim=1)  # [1, B, H]: the rollout reads z[:, :B-1]
         chain = greedy_rollout(z, ids[a:a + 1], head, DEFAULT_CANDIDATE_POOL, use_head=use_head)
-        rounds += 1
-        a += 1 + int((chain == labels).int().cumprod(dim=1).sum())
+        a += 1 + int((chain[:, :n] == labels[:, :n]).int().cumprod(dim=1).sum())
     return rounds
 
 
