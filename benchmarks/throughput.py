@@ -31,12 +31,12 @@ from serving import RESULTS, mixed_prompts, one_request, run_point  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 from domino_sglang.local_server import start_server  # noqa: E402
 
-# method -> (`domino-sglang serve` flags, environment)
+# method -> (`domino-sglang serve` flags [-- SGLang flags], environment)
 METHODS: dict[str, tuple[list[str], dict[str, str]]] = {
     "ar": (["--no-speculation"], {}),
     # AR without SGLang's overlap scheduler, which DOMINO's synchronous rounds do not use yet:
     # isolates what overlap scheduling alone is worth on this machine
-    "ar-sync": (["--no-speculation", "--disable-overlap-schedule"], {}),
+    "ar-sync": (["--no-speculation", "--", "--disable-overlap-schedule"], {}),
     "domino-fixed": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "0"}),
     "domino-adaptive": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1"}),
 }
@@ -97,9 +97,11 @@ def main() -> None:
         servers = {}
         for m in args.methods:  # started one at a time: start-up is CPU-heavy
             flags, env = METHODS[m]
-            flags = [f.format(drafter=drafter) for f in flags] + ["--dtype", args.dtype]
+            flags = [f.format(drafter=drafter) for f in flags]
+            cut = flags.index("--") if "--" in flags else len(flags)  # SGLang's own flags after
             servers[m] = stack.enter_context(
-                start_server(f"tput-{m}", flags, threads=args.threads, env=env))
+                start_server(f"tput-{m}", flags[:cut] + ["--dtype", args.dtype],
+                             flags[cut + 1:], threads=args.threads, env=env))
             one_request(servers[m].url, "Hello!", 8)  # warm-up
         points = [(t, c) for t in args.temperatures for c in args.concurrency]
         runs = []
