@@ -6,7 +6,9 @@ Composed from SGLang pieces rather than subclassing its 3,000-line DFlash worker
   - `DFlashDraftInputV2` (via `make_draft_input_v2`): the per-request state the scheduler carries
     between rounds; its `prepare_for_decode` reserves the verify slots;
   - `DFlashVerifyInput.prepare_for_verify`: the target's TARGET_VERIFY forward batch;
-  - `assign_extend_cache_locs_func`: the slots of the verify block.
+  - `assign_extend_cache_locs_func`: the slots of the verify block;
+  - `TpModelWorker.forward_batch_generation(batch, is_verify=True, capture_hidden_mode=FULL)`
+    on the schedule batch switched to DECODE: plain rounds (L = 1), as plain decoding runs them.
 Private SGLang internals used here (pinned to sglang==0.5.23): the four above, `ForwardBatch`,
 `ForwardMode`, `CaptureHiddenMode`, `GenerationBatchResult`, `ModelRegistry.models`,
 `BaseSpecWorker`, `runtime_context.get_spec`.
@@ -197,7 +199,7 @@ class DominoWorker(BaseSpecWorker):
           5. commit:  seq_len += a + 1; the target features of the committed tokens enter the
                       draft KV cache, so the next block sees them as context
         The adaptive policy (policy.py) verifies only the first L <= B chain tokens; L = 1 is a
-        plain decoding round (no draft pass; the target's token from [x_t]).
+        plain decoding round (no draft pass; the target's DECODE forward over [x_t]).
         """
         draft_input = batch.spec_info
         bs, seeds = len(batch.seq_lens), self.seeds(batch)
