@@ -2,18 +2,30 @@
 decoding: no draft, the target decodes one token per request).
 
 Cost model, in units of one plain decode step of the AR server at the same batch size bs
-(benchmarks/round_cost.py; SmolLM2-135M, bf16, 1 thread, 2-core Xeon; table in
-benchmarks/results/round_cost.md):
+(measured by benchmarks/round_cost.py, fitted by benchmarks/fit_cost.py):
 
     cost(bs, 1) = 1                                        plain round
     cost(bs, L) = 1 + DRAFT + slope(bs) * (L - 1)          L >= 2
     slope(bs)   = SLOPE_0 + SLOPE_PER_REQ * bs
 
+The constants depend on the hardware and the model dtype, so there is one `CostModel` per
+measured profile (`COSTS`), chosen by `cost_model(device, dtype)`:
+  - "cpu-bf16": SmolLM2-135M, bf16, 1 thread, 2-core Xeon with AMX
+    (benchmarks/results/round_cost.md, fitted by hand with the fixed-block sweep's rounds);
+  - "cpu-fp32": the same target in fp32 on a 2-core AMD EPYC Zen 3 (AVX2, no native bf16;
+    benchmarks/results/round_cost_fp32.md, least squares by fit_cost.py): the draft pass and each
+    verified token cost more there relative to a plain step, so speculation needs a better drafter
+    to pay.
+A GPU has not been measured (no GPU here): it gets the cpu-bf16 constants, which overestimate what
+verifying more tokens costs on a GPU (the policy errs towards plain decoding there). Env
+DOMINO_COST=DRAFT,SLOPE_0,SLOPE_PER_REQ overrides the profile (what fit_cost.py prints).
+
 DRAFT is the draft pass (one backbone pass over the whole block plus the head's first step),
 paid by any speculative round whatever L; slope is the price of one more verified token per
 request, growing with bs as the target's forward turns from memory-bound into compute-bound
-(bs * L tokens). Measured: L = 2 costs ~1.4 steps at bs 1..32; L = 16 costs ~1.7-2.2 steps at
-bs 1, ~2.4-3.0 at bs 4, ~4.1 at bs 16, ~4.3-5.3 at bs 32.
+(bs * L tokens). Measured on the Xeon in bf16: L = 2 costs ~1.4 steps at bs 1..32; L = 16 costs
+~1.7-2.2 steps at bs 1, ~2.4-3.0 at bs 4, ~4.1 at bs 16, ~4.3-5.3 at bs 32. On the AMD EPYC in
+fp32: L = 2 ~1.4-1.8 steps; L = 16 ~3.3 at bs 1, ~4.0 at bs 4, ~5.2 at bs 16, ~6.1 at bs 32.
 
 Acceptance model: each draft is accepted with probability alpha given the ones before it were
 (geometric), so a round verifying L tokens commits E(L) = 1 + alpha + ... + alpha^(L-1) =
@@ -42,19 +54,55 @@ import math
 import os
 from dataclasses import dataclass
 
-DRAFT = 0.35
-SLOPE_0 = 0.05
-SLOPE_PER_REQ = 0.0065
 MARGIN = 0.02
 PROBE_BUDGET = 0.02
 PROBE_LEN = 2
 
 
-def round_cost(bs: int, draft_len: int) -> float:
+@dataclass(frozen=True)
+class CostModel:
+    """cost(bs, L) = 1 + draft + (slope_0 + slope_per_req * bs) * (L - 1) plain decode steps."""
+
+    draft: float
+    slope_0: float
+    slope_per_req: float
+
+    def __call__(self, bs: int, draft_len: int) -> float:
+        if draft_len <= 1:
+            return 1.0
+        return 1.0 + self.draft + (self.slope_0 + self.slope_per_req * bs) * (draft_len - 1)
+
+
+COSTS = {
+    "cpu-bf16": CostModel(draft=0.35, slope_0=0.05, slope_per_req=0.0065),
+    "cpu-fp32": CostModel(draft=0.54, slope_0=0.137, slope_per_req=0.0055),
+}
+DEFAULT_COST = COSTS["cpu-bf16"]
+
+
+def cost_model(device: str, dtype: str) -> tuple[str, CostModel]:
+    """(profile name, constants) for a target on `device` ("cpu" / "cuda") in `dtype`
+    ("float32", "bfloat16", ...); env DOMINO_COST=DRAFT,SLOPE_0,SLOPE_PER_REQ overrides."""
+    override = os.environ.get("DOMINO_COST")
+    if override is not None:
+        parts = override.split(",")
+        try:
+            values = [float(v) for v in parts]
+        except ValueError:
+            values = []
+        if len(values) != 3 or not all(math.isfinite(v) and v >= 0 for v in values):
+            raise ValueError("DOMINO_COST must be three non-negative numbers DRAFT,SLOPE_0,"
+                             "SLOPE_PER_REQ (benchmarks/fit_cost.py prints them), "
+                             f"got {override!r}")
+        return "DOMINO_COST", CostModel(*values)
+    if device == "cpu" and dtype.removeprefix("torch.") == "float32":
+        return "cpu-fp32", COSTS["cpu-fp32"]
+    return "cpu-bf16", DEFAULT_COST
+
+
+def round_cost(bs: int, draft_len: int, cost: CostModel = DEFAULT_COST) -> float:
     """Cost of a round verifying `draft_len` tokens per request, in plain decode steps."""
-    if draft_len <= 1:
-        return 1.0
-    return 1.0 + DRAFT + (SLOPE_0 + SLOPE_PER_REQ * bs) * (draft_len - 1)
+    return cost(bs, draft_len)
 
 
 def expected_tokens(alpha: float, draft_len: int) -> float:
@@ -62,22 +110,23 @@ def expected_tokens(alpha: float, draft_len: int) -> float:
     return float(sum(alpha**k for k in range(draft_len)))
 
 
-def choose_draft_len(bs: int, alpha: float, block: int, margin: float = MARGIN) -> int:
+def choose_draft_len(bs: int, alpha: float, block: int, margin: float = MARGIN,
+                     cost: CostModel = DEFAULT_COST) -> int:
     """The L in 1..block maximising expected_tokens / round_cost; 1 unless it beats plain
     decoding by `margin` (relative)."""
     best, best_rate = 1, 1.0 + margin
     for draft_len in range(2, block + 1):
-        rate = expected_tokens(alpha, draft_len) / round_cost(bs, draft_len)
+        rate = expected_tokens(alpha, draft_len) / cost(bs, draft_len)
         if rate > best_rate:
             best, best_rate = draft_len, rate
     return best
 
 
-def probe_interval(bs: int, block: int) -> int | None:
+def probe_interval(bs: int, block: int, cost: CostModel = DEFAULT_COST) -> int | None:
     """Plain rounds between two probes at batch size bs (None: never worth probing)."""
-    if choose_draft_len(bs, 1.0, block) == 1:
+    if choose_draft_len(bs, 1.0, block, cost=cost) == 1:
         return None
-    return math.ceil((round_cost(bs, PROBE_LEN) - 1.0) / PROBE_BUDGET)
+    return math.ceil((cost(bs, PROBE_LEN) - 1.0) / PROBE_BUDGET)
 
 
 @dataclass
@@ -105,18 +154,20 @@ class AcceptanceStats:
 class SpeculationPolicy:
     """Chooses each round's draft length; `enabled=False` always returns the full block."""
 
-    def __init__(self, block: int, enabled: bool = True, stats: AcceptanceStats | None = None):
+    def __init__(self, block: int, enabled: bool = True, stats: AcceptanceStats | None = None,
+                 cost: CostModel = DEFAULT_COST):
         self.block = block
         self.enabled = enabled
         self.stats = stats or AcceptanceStats()
+        self.cost = cost
         self._plain_rounds = 0
 
     @classmethod
-    def from_env(cls, block: int) -> SpeculationPolicy:
+    def from_env(cls, block: int, cost: CostModel = DEFAULT_COST) -> SpeculationPolicy:
         """DOMINO_ADAPTIVE=0: the full block every round; DOMINO_DRAFT_LEN=L (1..B): L every
         round (for measuring the cost model, benchmarks/round_cost.py); L0,L1,..: a pattern
         cycled by committed length (tests)."""
-        policy = cls(block, enabled=os.environ.get("DOMINO_ADAPTIVE", "1") != "0")
+        policy = cls(block, enabled=os.environ.get("DOMINO_ADAPTIVE", "1") != "0", cost=cost)
         pinned = os.environ.get("DOMINO_DRAFT_LEN")
         if pinned is not None:
             lens = pinned.split(",")
@@ -140,12 +191,12 @@ class SpeculationPolicy:
             return self.pinned[committed % len(self.pinned)]
         if not self.enabled:
             return self.block
-        chosen = choose_draft_len(bs, self.stats.alpha, self.block)
+        chosen = choose_draft_len(bs, self.stats.alpha, self.block, cost=self.cost)
         if chosen > 1:
             self._plain_rounds = 0
             return chosen
         self._plain_rounds += 1
-        interval = probe_interval(bs, self.block)
+        interval = probe_interval(bs, self.block, self.cost)
         if interval is not None and self._plain_rounds >= interval:
             self._plain_rounds = 0
             return min(PROBE_LEN, self.block)  # probe: measure the drafter again, cheaply

@@ -47,7 +47,7 @@ from domino_sglang.config import (
 )
 from domino_sglang.metrics import DominoMetrics, head_change_outcomes
 from domino_sglang.model import sglang_draft_model_class
-from domino_sglang.policy import SpeculationPolicy
+from domino_sglang.policy import SpeculationPolicy, cost_model
 from domino_sglang.rollout import greedy_rollout
 from domino_sglang.sampling import (
     RESAMPLE,
@@ -108,11 +108,15 @@ class DominoWorker(BaseSpecWorker):
         self._block_offsets = torch.arange(self.block_size, device=self.device)
         self._warned: set[str] = set()
         self.metrics = DominoMetrics.for_scheduler(self.block_size, self.device)
-        self.policy = SpeculationPolicy.from_env(self.block_size)  # DOMINO_ADAPTIVE=0: fixed
+        profile, cost = cost_model(torch.device(self.device).type,
+                                   str(self.model_runner.dtype))
+        self.policy = SpeculationPolicy.from_env(self.block_size, cost)  # DOMINO_ADAPTIVE=0: fixed
         self._plain_decode: bool | None = None  # see plain_decode_forward
-        logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s",
-                    self.block_size, conf.num_layers, list(conf.target_layer_ids),
-                    self.candidate_pool or "full vocabulary", "on" if self.use_head else "OFF")
+        logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s, "
+                    "policy %s (cost profile %s: %s)", self.block_size, conf.num_layers,
+                    list(conf.target_layer_ids), self.candidate_pool or "full vocabulary",
+                    "on" if self.use_head else "OFF",
+                    "adaptive" if self.policy.enabled else "fixed block", profile, cost)
 
     # ---- lifecycle hooks called by the scheduler ----
     @property

@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 
 from domino_sglang.policy import (
+    COSTS,
     PROBE_LEN,
     AcceptanceStats,
+    CostModel,
     SpeculationPolicy,
     choose_draft_len,
+    cost_model,
     expected_tokens,
     probe_interval,
     round_cost,
@@ -28,6 +31,48 @@ def test_cost_model_matches_the_measurements():
     assert round_cost(32, 1) == 1.0
 
 
+def test_fp32_profile_matches_its_measurements():
+    # benchmarks/results/round_cost_fp32.md (AMD EPYC, fp32): L = 16 costs 3.3 / 4.0 / 5.2 / 6.1
+    # steps at bs 1 / 4 / 16 / 32; the fit is within 0.4 steps there
+    fp32 = COSTS["cpu-fp32"]
+    for bs, measured in [(1, 3.29), (4, 3.98), (16, 5.225), (32, 6.061)]:
+        assert fp32(bs, 16) == pytest.approx(measured, abs=0.4)
+    assert fp32(32, 2) == pytest.approx(1.82, abs=0.1)
+    assert fp32(8, 1) == 1.0
+
+
+def test_cost_profile_by_device_and_dtype(monkeypatch):
+    monkeypatch.delenv("DOMINO_COST", raising=False)
+    assert cost_model("cpu", "torch.float32") == ("cpu-fp32", COSTS["cpu-fp32"])
+    assert cost_model("cpu", "torch.bfloat16") == ("cpu-bf16", COSTS["cpu-bf16"])
+    assert cost_model("cuda", "torch.float32")[0] == "cpu-bf16"  # GPU: unmeasured, see policy.py
+    monkeypatch.setenv("DOMINO_COST", "0.5,0.1,0.01")
+    assert cost_model("cpu", "torch.float32") == ("DOMINO_COST", CostModel(0.5, 0.1, 0.01))
+    for bad in ("0.5,0.1", "a,b,c", "0.5,-0.1,0.01", "0.5,nan,0.1", ""):
+        monkeypatch.setenv("DOMINO_COST", bad)
+        with pytest.raises(ValueError, match="DOMINO_COST must be three non-negative numbers"):
+            cost_model("cpu", "torch.float32")
+
+
+@pytest.mark.parametrize(("bs", "alpha", "expected_bf16", "expected_fp32"), [
+    (1, 0.2, 1, 1),
+    (1, 0.5, 4, 1),   # in fp32 on AVX2 the draft pass costs more: a better drafter must pay
+    (4, 0.5, 4, 1),
+    (1, 0.7, 7, 5),
+    (1, 0.9, 15, 11),
+    (16, 0.7, 5, 4),
+    (16, 0.9, 10, 9),
+    (32, 0.9, 8, 8),
+])
+def test_decisions_per_profile(bs, alpha, expected_bf16, expected_fp32):
+    assert choose_draft_len(bs, alpha, B, cost=COSTS["cpu-bf16"]) == expected_bf16
+    assert choose_draft_len(bs, alpha, B, cost=COSTS["cpu-fp32"]) == expected_fp32
+    # the policy object uses its own profile (prior alpha, no rounds seen, no probe due yet)
+    policy = SpeculationPolicy(B, stats=AcceptanceStats(prior_alpha=alpha),
+                               cost=COSTS["cpu-fp32"])
+    assert policy.draft_len(bs) == expected_fp32
+
+
 @pytest.mark.parametrize(("bs", "alpha", "expected"), [
     (1, 0.0, 1),    # a drafter that is never right: plain decoding
     (1, 0.2, 1),    # the shipped drafter's level: the draft pass does not pay for itself
@@ -42,23 +87,26 @@ def test_decisions(bs, alpha, expected):
     assert choose_draft_len(bs, alpha, B) == expected
 
 
-def rate(bs: int, alpha: float) -> float:
-    draft_len = choose_draft_len(bs, alpha, B)
-    return expected_tokens(alpha, draft_len) / round_cost(bs, draft_len)
+def rate(bs: int, alpha: float, cost: CostModel = COSTS["cpu-bf16"]) -> float:
+    draft_len = choose_draft_len(bs, alpha, B, cost=cost)
+    return expected_tokens(alpha, draft_len) / round_cost(bs, draft_len, cost)
 
 
-def test_never_predicted_slower_than_plain_and_no_cliff():
+@pytest.mark.parametrize("profile", sorted(COSTS))
+def test_never_predicted_slower_than_plain_and_no_cliff(profile):
+    cost = COSTS[profile]
     for alpha in [i / 20 for i in range(21)]:
         previous = B
         for bs in range(1, 65):
-            assert rate(bs, alpha) >= 1.0
-            draft_len = choose_draft_len(bs, alpha, B)
+            assert rate(bs, alpha, cost) >= 1.0
+            draft_len = choose_draft_len(bs, alpha, B, cost=cost)
             assert draft_len <= previous  # shrinks as the batch grows
             previous = draft_len
             # the predicted throughput moves continuously with bs (max of continuous rates)
-            assert abs(rate(bs + 1, alpha) - rate(bs, alpha)) <= 0.1 * rate(bs, alpha)
+            assert abs(rate(bs + 1, alpha, cost) - rate(bs, alpha, cost)) <= 0.1 * rate(
+                bs, alpha, cost)
     for bs in (1, 8, 32):  # grows with acceptance
-        lens = [choose_draft_len(bs, a / 20, B) for a in range(21)]
+        lens = [choose_draft_len(bs, a / 20, B, cost=cost) for a in range(21)]
         assert lens == sorted(lens)
 
 
