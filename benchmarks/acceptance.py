@@ -35,7 +35,7 @@ import provenance  # noqa: E402
 
 from domino_sglang import data  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
-from domino_sglang.local_server import start_server  # noqa: E402
+from domino_sglang.local_server import sse_chunks, start_server  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DATASETS = {"mtbench": 80, "humaneval": 164, "gsm8k": 200}
@@ -62,10 +62,7 @@ def chat(url: str, prompt: str, max_tokens: int) -> tuple[int, float, float]:
     start, first, tokens = time.perf_counter(), None, 0
     with requests.post(f"{url}/v1/chat/completions", json=body, stream=True, timeout=1800) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        for chunk in sse_chunks(r):
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
             elif first is None and chunk.get("choices"):

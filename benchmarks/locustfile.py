@@ -33,6 +33,7 @@ from locust.stats import CSV_STATS_INTERVAL_SEC
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from domino_sglang import data  # noqa: E402
+from domino_sglang.local_server import sse_chunks  # noqa: E402
 
 PROMPTS: dict[str, list[str]] = {}
 # Raw per-request samples for exact percentiles in the summary (locust rounds its own).
@@ -127,10 +128,7 @@ class ChatUser(HttpUser):
                 r.failure(f"HTTP {r.status_code}: {r.text[:200]}")
                 return
             try:
-                for line in r.iter_lines():
-                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                        continue
-                    chunk = json.loads(line[6:])
+                for chunk in sse_chunks(r):
                     if chunk.get("usage"):
                         tokens = int(chunk["usage"]["completion_tokens"])
                     choices = chunk.get("choices") or []

@@ -26,7 +26,7 @@ import provenance  # noqa: E402
 
 from domino_sglang import data  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
-from domino_sglang.local_server import start_server  # noqa: E402
+from domino_sglang.local_server import sse_chunks, start_server  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -73,10 +73,7 @@ def one_request(url: str, prompt: str, max_tokens: int, temperature: float = 0.0
     arrivals, tokens, pieces = [], 0, []
     with requests.post(f"{url}/v1/chat/completions", json=body, stream=True, timeout=600) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        for chunk in sse_chunks(r):
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
             if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):

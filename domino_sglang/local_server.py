@@ -1,4 +1,5 @@
-"""Start and stop local SGLang servers (through `domino-sglang serve`) for tests and benchmarks.
+"""Start and stop local SGLang servers (through `domino-sglang serve`) for tests and benchmarks,
+and read their streamed responses.
 
 Each server runs on a free loopback port in its own process group, with a pinned number of torch
 threads, and is stopped by PID (the whole group).
@@ -6,18 +7,28 @@ threads, and is stopped by PID (the whole group).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 
 LOG_DIR = Path(os.environ.get("DOMINO_TEST_LOG_DIR", "/tmp/domino_sglang_test_logs"))
+
+
+def sse_chunks(response: requests.Response) -> Iterator[dict]:
+    """The JSON chunks of a streamed (server-sent events) SGLang / OpenAI response, in order,
+    without the closing `data: [DONE]`."""
+    for line in response.iter_lines():
+        if line.startswith(b"data: ") and line != b"data: [DONE]":
+            yield json.loads(line[6:])
 
 
 def free_port() -> int:

@@ -8,13 +8,12 @@ and commits multi-token rounds correctly.
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
-from domino_sglang.local_server import start_server
+from domino_sglang.local_server import sse_chunks, start_server
 from tests.conftest import PROMPTS
 from tests.drafters import make_random_drafter, make_repeat_drafter
 
@@ -63,11 +62,9 @@ def stream_chat(server, prompt):
     with requests.post(f"{server.url}/v1/chat/completions", json=body, stream=True,
                        timeout=600) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if line.startswith(b"data: ") and line != b"data: [DONE]":
-                chunk = json.loads(line[6:])
-                if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
-                    pieces.append(chunk["choices"][0]["delta"]["content"])
+        for chunk in sse_chunks(r):
+            if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                pieces.append(chunk["choices"][0]["delta"]["content"])
     return pieces
 
 

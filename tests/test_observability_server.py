@@ -9,7 +9,6 @@ prompt and rejected elsewhere, so rounds with 0..3 accepted drafts and head over
 
 from __future__ import annotations
 
-import json
 import math
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 import requests
 import yaml
 
-from domino_sglang.local_server import free_port, start_server
+from domino_sglang.local_server import free_port, sse_chunks, start_server
 from tests.drafters import make_repeat_drafter
 from tests.promql import ROOT, dashboard_queries, readme_queries
 
@@ -66,11 +65,9 @@ def chat(server, prompt, max_tokens, stream=False):
     if not stream:
         return r.json()["sglext"]["spec_tokens_details"]
     details = None
-    for line in r.iter_lines():
-        if line.startswith(b"data: ") and line != b"data: [DONE]":
-            chunk = json.loads(line[6:])
-            if (chunk.get("sglext") or {}).get("spec_tokens_details"):
-                details = chunk["sglext"]["spec_tokens_details"]
+    for chunk in sse_chunks(r):
+        if (chunk.get("sglext") or {}).get("spec_tokens_details"):
+            details = chunk["sglext"]["spec_tokens_details"]
     assert details is not None, "no spec_tokens_details in the stream"
     return details
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import requests
+
+from domino_sglang.local_server import sse_chunks
 
 API_KEY = "domino-reliability-test-key-7d1f"  # a test value, not a secret
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -42,10 +43,7 @@ def chat(url: str, prompt: str, max_tokens: int, headers: dict | None = None,
     with requests.post(f"{url}/v1/chat/completions", json=body, headers=headers or {},
                        stream=True, timeout=TIMEOUT) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        for chunk in sse_chunks(r):
             if chunk.get("usage"):
                 usage = chunk["usage"]["completion_tokens"]
             for choice in chunk.get("choices") or []:

@@ -9,13 +9,12 @@ Its own small server (fixed block, float32, B = 4); references from `ar_server_f
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
-from domino_sglang.local_server import start_server
+from domino_sglang.local_server import sse_chunks, start_server
 from tests.drafters import make_eos_drafter
 
 pytestmark = pytest.mark.server
@@ -67,10 +66,7 @@ def _run(url: str, job: tuple[list[int], int, bool]) -> tuple[list[int], str]:
     if not stream:
         out = r.json()
         return out["output_ids"], out["meta_info"]["finish_reason"]["type"]
-    last = None
-    for line in r.iter_lines():
-        if line.startswith(b"data: ") and line != b"data: [DONE]":
-            last = json.loads(line[6:])
+    last = list(sse_chunks(r))[-1]
     # SGLang streams cumulative output_ids on /generate unless incremental output is on
     return last["output_ids"], last["meta_info"]["finish_reason"]["type"]
 
