@@ -35,7 +35,11 @@ decoding (ratio 1) by MARGIN. Since L = 1 is always a candidate, the model never
 against plain decoding at any batch size, and the choice moves smoothly (no threshold cliff).
 
 alpha is a running estimate (`AcceptanceStats`): the truncated-geometric MLE accepted / judged
-over recent rounds, with exponential forgetting and a prior. While the policy decodes plainly it
+over recent rounds, with exponential forgetting and a prior. The prior (alpha 0.7, worth 8
+judged drafts) is optimistic on purpose: a new server speculates at low load on every profile
+and learns the drafter's real alpha from real rounds within a few rounds; a prior that started
+it plain (0.5 on the fp32 profile) would leave a good drafter to be found only by the sparse
+probes below (one judged draft per request per probe). While the policy decodes plainly it
 probes the drafter with the cheapest speculative round (L = 2, which measures alpha directly),
 spaced so probes cost at most PROBE_BUDGET of the plain rounds' time:
     probe every ceil((cost(bs, 2) - 1) / PROBE_BUDGET) plain rounds,
@@ -133,7 +137,7 @@ def probe_interval(bs: int, block: int, cost: CostModel = DEFAULT_COST) -> int |
 class AcceptanceStats:
     """Running per-draft acceptance rate alpha = accepted / judged, forgetting old rounds."""
 
-    prior_alpha: float = 0.5
+    prior_alpha: float = 0.7  # optimistic: a new server tries its drafter first (see above)
     prior_weight: float = 8.0  # pseudo-judged drafts behind the prior
     decay: float = 0.95  # per round
     accepted: float = 0.0

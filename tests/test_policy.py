@@ -120,11 +120,13 @@ def test_probes_are_cheap_and_only_where_they_can_pay():
 
 
 def test_running_stats_switch_off_then_probe():
-    policy = SpeculationPolicy(B)  # prior alpha 0.5
+    policy = SpeculationPolicy(B)  # prior alpha 0.7: tries the drafter first, on every profile
     assert policy.draft_len(1) > 1
+    for cost in COSTS.values():
+        assert SpeculationPolicy(B, cost=cost).draft_len(1) > 1
     for _ in range(100):  # the drafter is never right
         policy.observe([1] * 4, B)
-    assert policy.stats.alpha < 0.05
+    assert policy.stats.alpha < 0.07  # the floor left by the prior: 0.7 * 8 / (8 + 4 / 0.05)
     interval = probe_interval(4, B)
     chosen = [policy.draft_len(4) for _ in range(2 * interval)]
     probes = [i for i, n in enumerate(chosen) if n > 1]

@@ -10,11 +10,17 @@ build of sgl-kernel. This backend serves every forward mode a speculative decode
   non-causal block layers with `AttentionType.ENCODER_ONLY` see the whole block (the parallel
                    drafter's `[bonus, MASK x (B-1)]` block) plus the prefix
 
-Every request of a batch is handled in ONE `scaled_dot_product_attention` call per layer: queries
-are padded to [bs, Qmax], keys to [bs, Pmax + Qmax] (cached prefix gathered through
-`req_to_token`, then the forward's own new K/V), and one boolean mask encodes ragged lengths,
-causality and tree masks. The plan (indices and masks) is built once per forward and shared by
-all layers. Paged KV needs nothing special: `req_to_token` already maps each position to its slot.
+Each request is attended on its own, over exactly its keys: per layer, its cached prefix is
+gathered from the KV pool through `req_to_token` straight into a [prefix + new, Hkv, D] buffer,
+its new K/V are appended, and one `scaled_dot_product_attention` call runs over it (GQA native,
+a bool mask only where one is needed). The plan (slots and masks) is built once per forward and
+shared by all layers. On a CPU this per-request loop is the fast layout: reading the KV is what
+costs (memory-bound), and padding every request to the batch's longest prefix, as one batched
+call must, multiplies the bytes read. Microbenchmark, 1 thread, AMD EPYC, fp32, per layer
+(9 query / 3 KV heads, D 64, scattered slots; the earlier padded batched layout -> this one):
+decode bs 64 with prefixes of 50..770 tokens 210 -> 29 ms, decode bs 32 with 60..200 tokens
+15.1 -> 4.4 ms, decode bs 1 with 300 tokens 0.38 -> 0.14 ms, 16-token verify at bs 16
+10.7 -> 4.7 ms.
 
 Depends on SGLang internals: `AttentionBackend`, `ForwardBatch` fields (`forward_mode`,
 `seq_lens`, `extend_prefix_lens`, `extend_seq_lens`, `req_pool_indices`, `out_cache_loc`,
@@ -31,23 +37,30 @@ from torch.nn.functional import scaled_dot_product_attention
 BACKEND_NAME = "domino_cpu"
 
 
+@dataclass(frozen=True)
+class KeyMask:
+    """Which keys a request's queries see: `mask` [n, prefix + n] bool (True = may attend), or
+    None with `causal` True (plain causal, prefix 0) / False (every key)."""
+
+    mask: torch.Tensor | None = None
+    causal: bool = False
+
+
 @dataclass
 class AttentionPlan:
-    """Per-forward gather indices and mask, shared by all layers.
+    """Per-forward slots and masks, shared by all layers; request b owns the forward's tokens
+    [starts[b], starts[b] + new_lens[b]).
 
-    prefix_locs  [bs, Pmax]  KV-pool slots of each request's cached prefix (padding -> slot 0)
-    token_index  [bs, Qmax]  flat index of each padded query in the forward's tokens (pad -> 0)
-    token_valid  [bs, Qmax]  bool, real (not padding) queries
-    causal_mask  [bs, 1, Qmax, Pmax + Qmax]  bool, True = may attend; causal (or the tree mask)
-                 inside the new tokens
-    block_mask   same, but non-causal inside the new tokens (ENCODER_ONLY layers)
+    prefix_locs  per request, [prefix_b] int64 KV-pool slots of its cached prefix
+    causal_mask  per request, KeyMask: causal (or the tree mask) inside the new tokens
+    block_mask   per request, KeyMask: non-causal inside the new tokens (ENCODER_ONLY layers)
     """
 
-    prefix_locs: torch.Tensor
-    token_index: torch.Tensor
-    token_valid: torch.Tensor
-    causal_mask: torch.Tensor
-    block_mask: torch.Tensor
+    starts: list[int]
+    new_lens: list[int]
+    prefix_locs: list[torch.Tensor]
+    causal_mask: list[KeyMask]
+    block_mask: list[KeyMask]
 
 
 def build_plan(
@@ -57,99 +70,62 @@ def build_plan(
     new_lens: torch.Tensor,
     custom_mask: torch.Tensor | None = None,
 ) -> AttentionPlan:
-    """Plan a batched forward where request b has `prefix_lens[b]` cached tokens and
-    `new_lens[b]` new tokens (laid out request after request in the forward's token order).
+    """Plan a forward where request b has `prefix_lens[b]` cached tokens and `new_lens[b]` new
+    tokens (laid out request after request in the forward's token order).
 
     custom_mask: optional flat bool tree mask for the new tokens, either SGLang's QLEN_ONLY layout
     (bs x [N, N]) or FULL_MASK layout (per request [N, prefix + N], concatenated); it replaces the
     causal rule inside the new tokens (verification of token trees).
     """
-    device = req_to_token.device
-    bs = prefix_lens.shape[0]
-    prefix_lens = prefix_lens.to(torch.int64)
-    new_lens = new_lens.to(torch.int64)
-    p_max = int(prefix_lens.max()) if bs else 0
-    q_max = max(int(new_lens.max()) if bs else 0, 1)
-
-    # Prefix slots: [bs, Pmax]
-    pos = torch.arange(p_max, device=device)
-    prefix_valid = pos[None, :] < prefix_lens[:, None]  # [bs, Pmax]
-    rows = req_to_token[:, :p_max][req_pool_indices.to(torch.int64)].to(torch.int64)
-    prefix_locs = torch.where(prefix_valid, rows, torch.zeros_like(rows))
-
-    # New tokens: [bs, Qmax]
-    q_pos = torch.arange(q_max, device=device)
-    token_valid = q_pos[None, :] < new_lens[:, None]
-    starts = torch.cumsum(new_lens, 0) - new_lens  # [bs]
-    token_index = torch.where(token_valid, starts[:, None] + q_pos[None, :], 0)
-
-    # Keys of the new tokens, relative index m in [0, Qmax): m < N_b
-    new_key_valid = token_valid[:, None, :].expand(bs, q_max, q_max)  # [bs, Qmax(i), Qmax(m)]
-    prefix_part = prefix_valid[:, None, :].expand(bs, q_max, p_max)  # [bs, Qmax, Pmax]
-    causal = q_pos[None, :, None] >= q_pos[None, None, :]  # [1, Qmax, Qmax]
-
+    prefix = [int(x) for x in prefix_lens.tolist()]
+    new = [int(x) for x in new_lens.tolist()]
+    rows = req_pool_indices.tolist()
+    starts = [0] * len(new)
+    for b in range(1, len(new)):
+        starts[b] = starts[b - 1] + new[b - 1]
+    prefix_locs = [req_to_token[r, :p].to(torch.int64) for r, p in zip(rows, prefix)]
+    every_key = KeyMask()
     if custom_mask is not None:
-        prefix_part, inner = _unpack_custom_mask(custom_mask, prefix_lens, new_lens, p_max, q_max)
-        inner = inner & new_key_valid
-        masks = [torch.cat([prefix_part, inner], dim=2)]
-    else:
-        masks = [
-            torch.cat([prefix_part, new_key_valid & causal], dim=2),
-            torch.cat([prefix_part, new_key_valid], dim=2),
-        ]
-    # Padding query rows attend to key 0 only, so softmax never sees an all-masked row.
-    masks = [_guard_padding_rows(m, token_valid) for m in masks]
-    return AttentionPlan(
-        prefix_locs=prefix_locs,
-        token_index=token_index,
-        token_valid=token_valid,
-        causal_mask=masks[0][:, None],
-        block_mask=masks[-1][:, None],
-    )
+        trees = [KeyMask(m) for m in _unpack_custom_mask(custom_mask, prefix, new)]
+        return AttentionPlan(starts, new, prefix_locs, trees, trees)
+    causal = [_causal(p, n) for p, n in zip(prefix, new)]
+    return AttentionPlan(starts, new, prefix_locs, causal, [every_key] * len(new))
 
 
-def _guard_padding_rows(mask: torch.Tensor, token_valid: torch.Tensor) -> torch.Tensor:
-    empty_row = ~mask.any(dim=2)  # [bs, Qmax]
-    if bool(empty_row.any()):
-        mask = mask.clone()
-        mask[..., 0] |= empty_row | ~token_valid
-    return mask
+def _causal(prefix: int, n: int) -> KeyMask:
+    """Query i (position prefix + i) sees keys 0 .. prefix + i."""
+    if n <= 1:
+        return KeyMask()  # one query sees everything before it and itself
+    if prefix == 0:
+        return KeyMask(causal=True)  # SDPA's own (top-left aligned) causal rule is exact here
+    mask = torch.arange(n)[:, None] + prefix >= torch.arange(prefix + n)[None, :]
+    return KeyMask(mask)
 
 
 def _unpack_custom_mask(
-    custom_mask: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    new_lens: torch.Tensor,
-    p_max: int,
-    q_max: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (prefix part [bs, Qmax, Pmax], inner part [bs, Qmax, Qmax]) of a tree mask."""
-    bs = prefix_lens.shape[0]
-    n = q_max
-    if not bool((new_lens == n).all()):
+    custom_mask: torch.Tensor, prefix: list[int], new: list[int]
+) -> list[torch.Tensor]:
+    """Per request [N, prefix + N] bool masks from a flat tree mask in either SGLang layout."""
+    bs = len(new)
+    n = max(new, default=0)
+    if any(x != n for x in new):
         raise ValueError("tree verification needs the same number of draft tokens per request")
     custom_mask = custom_mask.to(torch.bool).flatten()
-    device = custom_mask.device
-    pos = torch.arange(p_max, device=device)
-    prefix_valid = (pos[None, :] < prefix_lens[:, None])[:, None, :].expand(bs, n, p_max)
     if custom_mask.numel() == bs * n * n:  # QLEN_ONLY: the prefix is always visible
-        return prefix_valid, custom_mask.view(bs, n, n)
-    full_len = int((n * (prefix_lens + n)).sum())
+        inner = custom_mask.view(bs, n, n)
+        return [torch.cat([torch.ones(n, p, dtype=torch.bool), inner[b]], dim=1)
+                for b, p in enumerate(prefix)]
+    full_len = sum(n * (p + n) for p in prefix)
     if custom_mask.numel() < full_len:
         raise ValueError(
             f"custom_mask has {custom_mask.numel()} entries; expected {bs * n * n} (QLEN_ONLY) "
             f"or {full_len} (FULL_MASK)"
         )
-    prefix_part = torch.zeros(bs, n, p_max, dtype=torch.bool, device=device)
-    inner = torch.zeros(bs, n, n, dtype=torch.bool, device=device)
-    offset = 0
-    for b in range(bs):  # tree masks are rare on CPU (NGRAM verify); a loop over requests is fine
-        p = int(prefix_lens[b])
-        rows = custom_mask[offset : offset + n * (p + n)].view(n, p + n)
-        prefix_part[b, :, :p] = rows[:, :p]
-        inner[b] = rows[:, p:]
+    out, offset = [], 0
+    for p in prefix:
+        out.append(custom_mask[offset : offset + n * (p + n)].view(n, p + n))
         offset += n * (p + n)
-    return prefix_part, inner
+    return out
 
 
 def paged_attention(
@@ -159,29 +135,44 @@ def paged_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     plan: AttentionPlan,
-    mask: torch.Tensor,
+    mask: list[KeyMask],
     scaling: float,
 ) -> torch.Tensor:
     """Attention of the forward's tokens over (cached prefix ++ the forward's new K/V).
 
     q      [T, Hq, D]      k_new / v_new [T, Hkv, D] / [T, Hkv, Dv]
     k_cache [slots, Hkv, D] v_cache [slots, Hkv, Dv]
+    mask   plan.causal_mask or plan.block_mask
     returns [T, Hq, Dv]
     """
     dtype = q.dtype
-    # [bs, Qmax, H, D] -> [bs, H, Qmax, D]
-    q_pad = q[plan.token_index].transpose(1, 2)
-    k_keys = torch.cat([k_cache[plan.prefix_locs].to(dtype), k_new[plan.token_index].to(dtype)], 1)
-    v_keys = torch.cat([v_cache[plan.prefix_locs].to(dtype), v_new[plan.token_index].to(dtype)], 1)
-    out = scaled_dot_product_attention(
-        q_pad,
-        k_keys.transpose(1, 2),  # [bs, Hkv, Pmax + Qmax, D]
-        v_keys.transpose(1, 2),
-        attn_mask=mask,
-        scale=scaling,
-        enable_gqa=q.shape[1] != k_new.shape[1],
-    )  # [bs, Hq, Qmax, Dv]
-    return out.transpose(1, 2)[plan.token_valid]  # [T, Hq, Dv]
+    gqa = q.shape[1] != k_new.shape[1]
+    out = q.new_empty(q.shape[0], q.shape[1], v_new.shape[2])
+    for b, (s, n) in enumerate(zip(plan.starts, plan.new_lens)):
+        if n == 0:
+            continue
+        keys = _gather(k_cache, plan.prefix_locs[b], k_new[s : s + n]).to(dtype)  # [p+n, Hkv, D]
+        vals = _gather(v_cache, plan.prefix_locs[b], v_new[s : s + n]).to(dtype)
+        o = scaled_dot_product_attention(
+            q[s : s + n].transpose(0, 1),  # [Hq, n, D]
+            keys.transpose(0, 1),  # [Hkv, p + n, D]
+            vals.transpose(0, 1),
+            attn_mask=mask[b].mask,
+            is_causal=mask[b].causal,
+            scale=scaling,
+            enable_gqa=gqa,
+        )  # [Hq, n, Dv]
+        out[s : s + n] = o.transpose(0, 1)
+    return out
+
+
+def _gather(cache: torch.Tensor, locs: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """[p + n, H, D]: cache rows `locs` then `new`, written once into one buffer."""
+    p = locs.shape[0]
+    buf = cache.new_empty((p + new.shape[0], *cache.shape[1:]))
+    torch.index_select(cache, 0, locs, out=buf[:p])
+    buf[p:] = new
+    return buf
 
 
 def _make_backend_class():
