@@ -16,12 +16,18 @@ from domino_sglang.cpu.dtype import native_bf16
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _git(*args: str) -> str:
+def _git(*args: str, cwd: Path = ROOT) -> str:
     try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
                               timeout=10).stdout.strip()
     except Exception:
         return "unknown"
+
+
+def git_revision(tree: Path = ROOT) -> str:
+    """Short revision of a checkout, `-dirty` if tracked files differ from it."""
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no", cwd=tree))
+    return _git("rev-parse", "--short", "HEAD", cwd=tree) + ("-dirty" if dirty else "")
 
 
 def _cpu_model() -> str:
@@ -42,11 +48,10 @@ def _pkg(name: str) -> str:
 
 
 def collect() -> dict:
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
     return {
         "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
         "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-        "revision": _git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else ""),
+        "revision": git_revision(),
         "machine": f"{_cpu_model()}, {os.cpu_count()} cores, "
                    f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, "
                    f"native bf16: {'yes' if native_bf16() else 'no'}",
@@ -60,6 +65,8 @@ def markdown_header(prov: dict) -> str:
     return "\n".join([
         f"- command: `{prov['command']}`",
         f"- machine: {prov['machine']}",
-        f"- revision: {prov['revision']} (torch {prov['torch']}, sglang {prov['sglang']})",
+        f"- revision: {prov['revision']} (torch {prov['torch']}, sglang {prov['sglang']})"
+        + (f"; ar-base served from {prov['base_tree_revision']}"
+           if "base_tree_revision" in prov else ""),
         f"- date: {prov['date_utc']} UTC",
     ])

@@ -82,16 +82,27 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1,
                     help="measure every point this many times (methods back to back each time); "
                          "the table reports the median run of each method")
+    ap.add_argument("--base-tree", type=Path, default=None,
+                    help="another checkout of this repository: adds method ar-base (AR served "
+                         "by that checkout's domino_sglang), e.g. a `git worktree` of the parent")
     ap.add_argument("--out", default="throughput")
     args = ap.parse_args()
     if (min(args.concurrency) < 1 or args.max_tokens < 1 or min(args.temperatures) < 0
             or args.repeats < 1):
         ap.error("--concurrency, --max-tokens and --repeats must be >= 1, --temperatures >= 0")
 
+    if args.base_tree is not None:
+        if not (args.base_tree / "domino_sglang" / "__init__.py").is_file():
+            ap.error(f"--base-tree: no domino_sglang package in {args.base_tree}")
+        METHODS["ar-base"] = (["--no-speculation"], {"PYTHONPATH": str(args.base_tree.resolve())})
+        args.methods = [*args.methods, "ar-base"]
+
     from domino_sglang.paths import shipped_drafter_dir
 
     drafter = args.drafter or str(shipped_drafter_dir())
     prov = provenance.collect()
+    if args.base_tree is not None:
+        prov["base_tree_revision"] = provenance.git_revision(args.base_tree)
     rows = []
     with ExitStack() as stack:
         servers = {}
