@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -29,6 +30,8 @@ def measured_points(paths: list[Path]) -> list[tuple[int, int, float]]:
     for path in paths:
         table = json.loads(path.read_text())["cost_vs_ar_step"]
         for key, by_bs in table.items():
+            if not re.fullmatch(r"L=\d+", key):
+                continue  # e.g. "L=1 (verify forward)": not a round the policy can choose
             draft_len = int(key.removeprefix("L="))
             if draft_len >= 2:
                 points += [(int(bs), draft_len, float(cost)) for bs, cost in by_bs.items()]

@@ -4,8 +4,10 @@ per request, relative to a plain decode step of the AR server, at several batch 
 For each L a DOMINO server pins the draft length (env DOMINO_DRAFT_LEN=L); an AR server gives the
 plain step. At concurrency c, `c` streamed chat completions of `--max-tokens` tokens run at once
 (ignore_eos, temperature 0), so the batch holds c requests; the mean gap between streamed chunks is
-the round time (one chunk per request per round). cost(c, L) = gap(DOMINO, L) / gap(AR).
-The fitted constants of domino_sglang/policy.py come from this table.
+the round time (one chunk per request per round). cost(c, L) = gap(DOMINO, L) / gap(AR), with
+the AR gap measured right next to the DOMINO one (the AR server stays up; order alternating), so
+this machine's drift over minutes (+-30% and more) does not enter the ratio.
+The fitted constants of domino_sglang/policy.py come from this table (benchmarks/fit_cost.py).
 
     python benchmarks/round_cost.py --lens 1 2 4 8 16 --concurrency 1 4 16 32
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -46,40 +49,55 @@ def main() -> None:
 
     drafter = args.drafter or str(shipped_drafter_dir())
     prov = provenance.collect()
-    servers = [("ar", ["--no-speculation"], {})] + [
-        (f"L={n}", ["--drafter", drafter], {"DOMINO_DRAFT_LEN": str(n)}) for n in args.lens]
+    servers = [(f"L={n}", ["--drafter", drafter], {"DOMINO_DRAFT_LEN": str(n)})
+               for n in args.lens]
     if args.plain_verify:
         servers.append(("L=1 (verify forward)", ["--drafter", drafter],
                         {"DOMINO_DRAFT_LEN": "1", "DOMINO_PLAIN_DECODE": "0"}))
     gaps: dict[str, dict[int, float]] = {}
+    ar_gaps: dict[int, list[float]] = {}
+    cost: dict[str, dict[int, float]] = {}
     texts: dict[str, dict[int, list[str]]] = {}
-    for name, flags, env in servers:
-        with start_server(f"cost-{name}", flags + ["--dtype", args.dtype], threads=args.threads,
-                          env=env) as server:
-            one_request(server.url, "Hello!", 8)  # warm-up
-            for c in args.concurrency:
-                point = run_point(server.url, mixed_prompts(c), c, args.max_tokens)
-                gaps.setdefault(name, {})[c] = point["itl_mean_ms"]
-                texts.setdefault(name, {})[c] = point["texts"]
-                print(json.dumps({"server": name, **{k: v for k, v in point.items()
-                                                     if k != "texts"}}), flush=True)
+
+    def measure(name: str, server, c: int) -> float:
+        point = run_point(server.url, mixed_prompts(c), c, args.max_tokens)
+        texts.setdefault(name, {})[c] = point["texts"]
+        print(json.dumps({"server": name, **{k: v for k, v in point.items() if k != "texts"}}),
+              flush=True)
+        return point["itl_mean_ms"]
+
+    with start_server("cost-ar", ["--no-speculation", "--dtype", args.dtype],
+                      threads=args.threads) as ar:
+        one_request(ar.url, "Hello!", 8)  # warm-up
+        for name, flags, env in servers:
+            with start_server(f"cost-{name}", flags + ["--dtype", args.dtype],
+                              threads=args.threads, env=env) as server:
+                one_request(server.url, "Hello!", 8)
+                for i, c in enumerate(args.concurrency):
+                    if i % 2 == 0:
+                        step, gap = measure("ar", ar, c), measure(name, server, c)
+                    else:
+                        gap, step = measure(name, server, c), measure("ar", ar, c)
+                    gaps.setdefault(name, {})[c] = gap
+                    ar_gaps.setdefault(c, []).append(step)
+                    cost.setdefault(name, {})[c] = round(gap / step, 3)
+    gaps["ar"] = {c: round(statistics.median(g), 2) for c, g in ar_gaps.items()}
     # greedy: every server must produce AR's text (a cheap losslessness check of the run)
     differ = [f"{name} c={c}" for name, row in texts.items() for c, t in row.items()
               if t != texts["ar"][c]]
-    cost = {name: {c: round(g / gaps["ar"][c], 3) for c, g in row.items()}
-            for name, row in gaps.items() if name != "ar"}
 
     RESULTS.mkdir(exist_ok=True)
     out = {"provenance": prov, "max_tokens": args.max_tokens, "dtype": args.dtype,
-           "drafter": drafter, "gap_ms": gaps, "cost_vs_ar_step": cost,
+           "drafter": drafter, "gap_ms": gaps, "ar_gap_ms_runs": ar_gaps,
+           "cost_vs_ar_step": cost,
            "text_differs_from_ar": differ}
     (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = [f"## Round cost in plain decode steps ({args.dtype}, {args.max_tokens} tokens)", "",
              provenance.markdown_header(prov), f"- drafter: `{drafter}`", "",
              "| L \\ concurrency | " + " | ".join(map(str, args.concurrency)) + " |",
              "|---|" + "---|" * len(args.concurrency),
-             "| AR step (ms) | " + " | ".join(f"{gaps['ar'][c]:.1f}" for c in args.concurrency)
-             + " |"]
+             "| AR step (ms, median) | "
+             + " | ".join(f"{gaps['ar'][c]:.1f}" for c in args.concurrency) + " |"]
     for name, row in cost.items():
         lines.append(f"| {name} | " + " | ".join(str(row[c]) for c in args.concurrency) + " |")
     same = "yes, at every point" if not differ else "NO: " + ", ".join(differ)
