@@ -25,7 +25,8 @@ paid by any speculative round whatever L; slope is the price of one more verifie
 request, growing with bs as the target's forward turns from memory-bound into compute-bound
 (bs * L tokens). Measured on the Xeon in bf16: L = 2 costs ~1.4 steps at bs 1..32; L = 16 costs
 ~1.7-2.2 steps at bs 1, ~2.4-3.0 at bs 4, ~4.1 at bs 16, ~4.3-5.3 at bs 32. On the AMD EPYC in
-fp32: L = 2 ~1.4-1.8 steps; L = 16 ~3.3 at bs 1, ~4.0 at bs 4, ~5.2 at bs 16, ~6.1 at bs 32.
+fp32 (after the per-request attention layout made plain steps cheaper): L = 2 ~1.6-1.9 steps;
+L = 16 ~2.8 at bs 1, ~3.2 at bs 4, ~6.0 at bs 16, ~7.3 at bs 32.
 
 Acceptance model: each draft is accepted with probability alpha given the ones before it were
 (geometric), so a round verifying L tokens commits E(L) = 1 + alpha + ... + alpha^(L-1) =
@@ -79,7 +80,7 @@ class CostModel:
 
 COSTS = {
     "cpu-bf16": CostModel(draft=0.35, slope_0=0.05, slope_per_req=0.0065),
-    "cpu-fp32": CostModel(draft=0.54, slope_0=0.137, slope_per_req=0.0055),
+    "cpu-fp32": CostModel(draft=0.53, slope_0=0.099, slope_per_req=0.0088),
 }
 DEFAULT_COST = COSTS["cpu-bf16"]
 
