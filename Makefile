@@ -71,6 +71,8 @@ REGEN_N    ?= 8000
 RUN_DIR    ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino
 RECIPE2    ?= domino_sglang/train/recipes/smollm2-135m-stage2.toml
 RUN_DIR2   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage2
+RECIPE3    ?= domino_sglang/train/recipes/smollm2-135m-stage3.toml
+RUN_DIR3   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage3
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 regenerate: target
@@ -80,7 +82,9 @@ train-drafter: regenerate
 	$(BIN)/domino-sglang train --config $(RECIPE) --data $(REGEN_DATA) --out $(RUN_DIR)
 	$(BIN)/domino-sglang train --config $(RECIPE2) --data $(REGEN_DATA) --out $(RUN_DIR2) \
 		--init $(RUN_DIR)/drafter
-	cp $(RUN_DIR2)/drafter/config.json $(RUN_DIR2)/drafter/model.safetensors $(SHIPPED)/
+	$(BIN)/domino-sglang train --config $(RECIPE3) --data $(REGEN_DATA) --out $(RUN_DIR3) \
+		--init $(RUN_DIR2)/drafter
+	cp $(RUN_DIR3)/drafter/config.json $(RUN_DIR3)/drafter/model.safetensors $(SHIPPED)/
 
 clean:
 	rm -rf $(VENV)

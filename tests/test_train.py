@@ -182,6 +182,20 @@ def test_config_errors_name_the_key(tmp_path):
         load_train_config(bad)
 
 
+def test_max_id_fixes_a_stage_data_as_the_file_grows(tmp_path):
+    """A stage's records (and so its held-out set: the last eval_records of them) are the ids up
+    to max_id, whatever the regenerated file gained since."""
+    from domino_sglang.train.trainer import load_records
+    from tests.train_fixtures import make_records
+
+    make_records(tmp_path / "data.jsonl", n=12)
+    assert [r["id"] for r in load_records(tmp_path / "data.jsonl", 64)] == list(range(12))
+    assert [r["id"] for r in load_records(tmp_path / "data.jsonl", 64, max_id=7)] == \
+        list(range(8))
+    with pytest.raises(TrainConfigError, match="'max_id' must be -1"):
+        load_train_config(None, {"data": "d", "out": "o", "max_id": -2})
+
+
 @pytest.mark.parametrize("recipe", sorted(
     (Path(__file__).resolve().parents[1] / "domino_sglang" / "train" / "recipes").glob("*.toml")))
 def test_shipped_recipes_parse(recipe):

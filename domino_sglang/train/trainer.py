@@ -50,6 +50,8 @@ class TrainConfig:
     batch_size: int = 2  # sequences per step per process
     anchors: int = 16  # blocks per sequence
     max_seq_len: int = 768
+    max_id: int = -1  # use only records with id <= max_id (-1: all): a stage's data stays fixed
+    #                   while the regenerated file grows (ids are ShareGPT positions)
     lr: float = 6e-4
     min_lr_frac: float = 0.1
     warmup_frac: float = 0.04
@@ -86,6 +88,9 @@ class TrainConfig:
         if self.feature_dtype not in ("bfloat16", "float16", "float32"):
             raise TrainConfigError(f"train: 'feature_dtype' must be bfloat16, float16 or float32, "
                                    f"got {self.feature_dtype!r}")
+        if self.max_id < -1:
+            raise TrainConfigError(f"train: 'max_id' must be -1 (all) or a record id, "
+                                   f"got {self.max_id}")
         if self.max_seq_len <= self.block_size:
             raise TrainConfigError("train: 'max_seq_len' must exceed 'block_size'")
         return self
@@ -116,14 +121,17 @@ def load_train_config(path: str | Path | None, overrides: dict | None = None) ->
 
 
 # ---- data ----
-def load_records(path: str | Path, max_seq_len: int) -> list[dict]:
-    """Regenerated records as {"id", "ids" (prompt+response, truncated), "start" (response)}."""
+def load_records(path: str | Path, max_seq_len: int, max_id: int = -1) -> list[dict]:
+    """Regenerated records as {"id", "ids" (prompt+response, truncated), "start" (response)},
+    by id, only those with id <= max_id unless max_id is -1."""
     from domino_sglang.train.regenerate import read_records
 
     out = []
     for rec in read_records(Path(path)):
         ids = (list(rec["prompt_ids"]) + list(rec["output_ids"]))[:max_seq_len]
         start = len(rec["prompt_ids"])
+        if max_id >= 0 and int(rec["id"]) > max_id:
+            continue
         if len(ids) - start >= 2:  # at least one anchor with one label
             out.append({"id": int(rec["id"]), "ids": ids, "start": start})
     out.sort(key=lambda r: r["id"])
@@ -417,7 +425,7 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
                                "(run domino-sglang prepare-target)")
     dcfg = _drafter_config(conf, target)
     out.mkdir(parents=True, exist_ok=True)
-    records = load_records(conf.data, conf.max_seq_len)
+    records = load_records(conf.data, conf.max_seq_len, conf.max_id)
     held = records[-conf.eval_records:] if 0 < conf.eval_records < len(records) else []
     train_recs = records[: len(records) - len(held)]
 
