@@ -203,7 +203,26 @@ def register_algorithm() -> None:
 
     HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens",
                           clip_max_new_tokens, HookType.AFTER)
+    HookRegistry.register("sglang.srt.speculative.spec_utils.spec_prepare_for_decode",
+                          cumulate_penalties, HookType.BEFORE)
     _registered = True
+
+
+def cumulate_penalties(batch) -> None:
+    """BEFORE hook of `spec_prepare_for_decode`: feed each request's last committed token to the
+    batch's penalizers (frequency / presence / repetition penalties, min_new_tokens).
+
+    Plain decoding does this in `ScheduleBatch.prepare_for_decode`, EAGLE in its own prepare;
+    SGLang's DFLASH-family path does not, and the worker cannot: it runs on a forward-only copy
+    of the sampling info (`copy_for_forward`: orchestrator None, penalties pre-accumulated into
+    `acc_additive_penalties` / `acc_scaling_penalties` right after this point). A penalized
+    request commits one token per round (worker.cap_penalized), so `output_ids[-1]` is exactly
+    the token plain decoding would feed here; for the others the penalizers hold zeros."""
+    if getattr(batch.spec_algorithm, "name", None) != NAME:
+        return
+    orchestrator = batch.sampling_info.penalizer_orchestrator
+    if orchestrator is not None and orchestrator.is_required:
+        batch.cumulate_penalty_output_tokens()
 
 
 def candidate_pool_from_env(default: int) -> int:

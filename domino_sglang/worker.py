@@ -30,6 +30,7 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardMode,
 )
 from sglang.srt.runtime_context import get_spec
+from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.draft_worker_common import (
     build_draft_tp_worker,
@@ -312,12 +313,16 @@ class DominoWorker(BaseSpecWorker):
                                             device=flat.device, barrier=grammar_barrier)
         if info.has_custom_logit_processor:
             apply_custom_logit_processor(flat, info, num_tokens_in_batch=block)
-        if info.penalizer_orchestrator is not None and info.penalizer_orchestrator.is_required:
-            batch.cumulate_penalty_output_tokens()  # x_t, as plain decoding's prepare_for_decode
-            info.penalizer_orchestrator.apply(flat, repeat=block)
+        logits = flat.view(len(batch.seq_lens), block, -1)
+        # Penalties: the scheduler hands the worker a forward-only copy of the sampling info with
+        # the penalizers' state (fed x_t by algorithm.cumulate_penalties) pre-accumulated per
+        # request, [bs, V]; exact at chain index 0, which is all a penalized request commits.
+        if info.acc_additive_penalties is not None:
+            logits.add_(info.acc_additive_penalties[:, None, :].to(logits.dtype))
+        if info.acc_scaling_penalties is not None:
+            apply_scaling_penalties(flat, info.acc_scaling_penalties.repeat_interleave(block, 0))
         if mask is not None:
             mask.apply(flat)
-        logits = flat.view(len(batch.seq_lens), block, -1)
         if info.logit_bias is not None:
             logits.add_(info.logit_bias[:, None, :].to(logits.dtype))
         return logits
@@ -326,16 +331,15 @@ class DominoWorker(BaseSpecWorker):
         """Requests with frequency / presence / repetition penalties or min_new_tokens commit one
         token per round (the accepted draft or recovered token at chain index 0).
 
-        SGLang's penalizer state is per request, not per chain position, and DFLASH-family
-        rounds do not feed it the committed tokens. Committing exactly one token per round, fed
-        back at the next round's start (`cumulate_penalty_output_tokens`, as plain decoding
-        does), keeps these requests exact; any accepted token is a valid sample of its
-        position, so truncating the accepted prefix is lossless."""
-        orchestrator = batch.sampling_info.penalizer_orchestrator
-        if orchestrator is None or not orchestrator.is_required:
+        SGLang's penalizer state is per request, not per chain position: chain index k > 0 would
+        need the penalties after d_1..d_k. Committing exactly one token per round, fed back at
+        the next round's start (algorithm.cumulate_penalties, as plain decoding's
+        prepare_for_decode does), keeps these requests exact; any accepted token is a valid
+        sample of its position, so truncating the accepted prefix is lossless."""
+        flags = [_has_penalty(r.sampling_params) for r in batch.reqs]
+        if not any(flags):
             return accept_lens
-        penalized = torch.tensor([_has_penalty(r.sampling_params) for r in batch.reqs],
-                                 device=accept_lens.device)
+        penalized = torch.tensor(flags, device=accept_lens.device)
         if "penalty" not in self._warned:
             self._warned.add("penalty")
             logger.info("DOMINO: requests with penalties / min_new_tokens commit one token per "
