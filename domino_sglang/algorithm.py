@@ -87,6 +87,10 @@ def resolve_server_args(server_args) -> None:
         raise DominoArgsError("DOMINO needs --speculative-draft-model-path (a Domino drafter)")
     if int(getattr(server_args, "pp_size", 1) or 1) != 1:
         raise DominoArgsError("DOMINO does not support pipeline parallelism (--pp-size must be 1)")
+    if getattr(server_args, "enable_deterministic_inference", False):
+        raise DominoArgsError("DOMINO does not support --enable-deterministic-inference: a "
+                              "sampled request without a sampling_seed draws a fresh seed every "
+                              "round (give requests a sampling_seed to make them reproducible)")
     topk = server_args.speculative_eagle_topk
     if topk is not None and int(topk) != 1:
         raise DominoArgsError(f"DOMINO verifies a single chain: --speculative-eagle-topk must be "

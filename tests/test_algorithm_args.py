@@ -65,6 +65,8 @@ def test_gpu_path_uses_flashinfer_and_keeps_cuda_graphs(drafter, monkeypatch, ta
     ({"speculative_eagle_topk": 4}, "--speculative-eagle-topk must be 1, got 4"),
     ({"pp_size": 2}, "does not support pipeline parallelism"),
     ({"speculative_draft_model_path": None}, "needs --speculative-draft-model-path"),
+    ({"enable_deterministic_inference": True},
+     "does not support --enable-deterministic-inference"),
 ])
 def test_invalid_combinations(drafter, kw, message):
     with pytest.raises(DominoArgsError) as exc:
