@@ -87,6 +87,12 @@ def resolve_server_args(server_args) -> None:
         raise DominoArgsError("DOMINO needs --speculative-draft-model-path (a Domino drafter)")
     if int(getattr(server_args, "pp_size", 1) or 1) != 1:
         raise DominoArgsError("DOMINO does not support pipeline parallelism (--pp-size must be 1)")
+    if int(getattr(server_args, "tp_size", 1) or 1) != 1:
+        raise DominoArgsError("DOMINO runs on one tensor-parallel rank (--tp-size must be 1): "
+                              "its head reads the whole unsharded lm_head")
+    if getattr(server_args, "enable_watermark", False):
+        raise DominoArgsError("DOMINO does not apply SGLang's watermark to its verify rounds: "
+                              "drop --enable-watermark")
     if getattr(server_args, "enable_deterministic_inference", False):
         raise DominoArgsError("DOMINO does not support --enable-deterministic-inference: a "
                               "sampled request without a sampling_seed draws a fresh seed every "
@@ -209,7 +215,39 @@ def register_algorithm() -> None:
                           clip_max_new_tokens, HookType.AFTER)
     HookRegistry.register("sglang.srt.speculative.spec_utils.spec_prepare_for_decode",
                           cumulate_penalties, HookType.BEFORE)
+    HookRegistry.register(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+        refuse_unsupported_outputs, HookType.BEFORE)
     _registered = True
+
+
+# Per-request outputs the DOMINO worker does not produce, refused up front (a 400 naming the
+# field) rather than answered wrongly: SGLang would abort a sampling-mask request with a 500
+# after its first token, and return no hidden states without a word.
+UNSUPPORTED_OUTPUTS = {
+    "return_sampling_mask": "DOMINO does not capture the sampling support of its verify rounds",
+    "return_hidden_states": "DOMINO's rounds return the drafter's features, not the model's",
+}
+
+
+def refuse_unsupported_outputs(tokenizer_manager, obj, input_ids) -> None:
+    """BEFORE hook of `TokenizerManager._validate_one_request` (one request) under DOMINO."""
+    algorithm = getattr(tokenizer_manager.server_args, "speculative_algorithm", None)
+    if str(algorithm or "").upper() != NAME:
+        return
+    from sglang.srt.managers.schedule_batch import get_request_return_hidden_states_mode
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    mask = getattr(obj, "return_sampling_mask", None)
+    asked = {
+        "return_sampling_mask": mask is True or (isinstance(mask, list) and any(mask)),
+        "return_hidden_states": get_request_return_hidden_states_mode(
+            getattr(obj, "return_hidden_states", False)) != CaptureHiddenMode.NULL,
+    }
+    for field, why in UNSUPPORTED_OUTPUTS.items():
+        if asked[field]:
+            raise ValueError(f"{field} is not supported with --speculative-algorithm DOMINO: "
+                             f"{why}")
 
 
 def cumulate_penalties(batch) -> None:
@@ -220,7 +258,7 @@ def cumulate_penalties(batch) -> None:
     SGLang's DFLASH-family path does not, and the worker cannot: it runs on a forward-only copy
     of the sampling info (`copy_for_forward`: orchestrator None, penalties pre-accumulated into
     `acc_additive_penalties` / `acc_scaling_penalties` right after this point). A penalized
-    request commits one token per round (worker.cap_penalized), so `output_ids[-1]` is exactly
+    request commits one token per round (worker.one_token_rows), so `output_ids[-1]` is exactly
     the token plain decoding would feed here; for the others the penalizers hold zeros."""
     if getattr(batch.spec_algorithm, "name", None) != NAME:
         return

@@ -30,6 +30,7 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardMode,
 )
 from sglang.srt.runtime_context import get_spec
+from sglang.srt.sampling.custom_logit_processor import supports_sampling_mask
 from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.draft_worker_common import (
@@ -38,6 +39,8 @@ from sglang.srt.speculative.draft_worker_common import (
     make_draft_input_v2,
 )
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
+from sglang.srt.utils.async_probe import sanitize_nan_logits
+from sglang.srt.utils.common import get_bool_env_var
 
 from domino_sglang.algorithm import candidate_pool_from_env
 from domino_sglang.config import (
@@ -62,6 +65,8 @@ from domino_sglang.sampling import (
 from domino_sglang.verify import verify_greedy, verify_mixed
 
 logger = logging.getLogger(__name__)
+# SGLang's sampler reads this once at import (sampler.py): logprobs before temperature
+_RETURN_ORIGINAL_LOGPROB = get_bool_env_var("SGLANG_RETURN_ORIGINAL_LOGPROB")
 
 
 class DominoWorker(BaseSpecWorker):
@@ -104,8 +109,9 @@ class DominoWorker(BaseSpecWorker):
         # On the CPU the head's small sequential GEMVs run faster in fp32 than in bf16 (16-block
         # rollout, bs 1: 22 vs 31 ms, benchmarks/head_cost.py); 4 MB of weights.
         head_dtype = torch.float32 if torch.device(self.device).type == "cpu" else None
-        self.head = self.draft_model.drafter.head(self.embed, target_model.lm_head.weight,
-                                                  head_dtype)
+        # SGLang pads lm_head rows to a multiple of 64: the head scores the real vocabulary only
+        lm_head = target_model.lm_head.weight[:target_cfg.vocab_size]  # [V, H]
+        self.head = self.draft_model.drafter.head(self.embed, lm_head, head_dtype)
         self._block_offsets = torch.arange(self.block_size, device=self.device)
         self._warned: set[str] = set()
         self.metrics = DominoMetrics.for_scheduler(self.block_size, self.device)
@@ -208,15 +214,25 @@ class DominoWorker(BaseSpecWorker):
         """
         draft_input = batch.spec_info
         bs, seeds = len(batch.seq_lens), self.seeds(batch)
-        sampled = not batch.sampling_info.is_all_greedy
-        # L, the chain length verified this round. A seeded request's realised tokens depend on
-        # L (coins vs. plain draws), so batches holding one verify the full block: reproducible.
-        pinned = sampled and any(s is not None for s in seeds)
+        # per row, not SamplingBatchInfo.is_all_greedy: filter_batch never recomputes that flag
+        greedy_rows = batch.sampling_info.top_ks <= 1  # [bs], SGLang's own greedy test
+        sampled = not bool(greedy_rows.all())
+        capped = self.one_token_rows(batch)  # [bs] bool: commit one token this round
+        # L, the chain length verified this round. A seeded sampled request's realised tokens
+        # depend on L (coins vs. plain draws), so batches holding one verify the full block.
+        # Speculation only costs a batch whose every request is capped: the adaptive policy
+        # runs it as plain rounds.
+        pinned = any(s is not None and not g for s, g in zip(seeds, greedy_rows.tolist()))
         committed = 0
         if self.policy.cycles:  # a test pattern: needs the first request's length on the host
             lens = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens
             committed = int(lens[0])
-        block = self.block_size if pinned else self.policy.draft_len(bs, committed)
+        if pinned:
+            block = self.block_size
+        elif self.policy.enabled and capped is not None and bool(capped.all()):
+            block = 1
+        else:
+            block = self.policy.draft_len(bs, committed)
         prefix_lens = batch.seq_lens  # committed tokens (x_t, the bonus, is not among them)
         chain = torch.full((bs, self.block_size), self.conf.mask_token_id, dtype=torch.int64,
                            device=self.device)
@@ -247,7 +263,9 @@ class DominoWorker(BaseSpecWorker):
         else:
             target_choice = logits.argmax(dim=-1)  # [bs, L]
             tokens, accept_lens = verify_greedy(chain, target_choice)
-        accept_lens = self.cap_penalized(batch, accept_lens)
+        uncapped = accept_lens  # the verifier's verdict, what the policy learns from
+        if capped is not None:
+            accept_lens = torch.where(capped, torch.ones_like(accept_lens), accept_lens)
         clock.mark()  # verified
 
         if batch.return_logprob:  # logprobs of chain row b*B + j for committed token (b, j)
@@ -264,8 +282,9 @@ class DominoWorker(BaseSpecWorker):
             self.metrics.record_round(accept_lens, block, clock, None if sampled or block == 1
                                       else head_change_outcomes(chain[:, 1:], drafted,
                                                                 target_choice, accept_lens))
-        if self.policy.enabled:
-            self.policy.observe(accept_lens.tolist(), block)
+        if self.policy.enabled:  # capped rows gain nothing from L: they do not vote
+            keep = uncapped if capped is None else uncapped[~capped]
+            self.policy.observe(keep.tolist(), block)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=tokens.reshape(-1),
@@ -298,25 +317,26 @@ class DominoWorker(BaseSpecWorker):
 
     # ---- sampling-time logit processing (what SGLang's sampler applies for plain decoding) ----
     def target_logits(self, batch, logits_output, grammar, grammar_barrier) -> torch.Tensor:
-        """The verify logits [bs, B, V], processed in place in SGLang's sampler order: custom
-        logit processors, penalties, grammar mask, logit bias (temperature / top-k / top-p /
+        """The verify logits [bs, B, V], processed in place in plain decoding's order
+        (`ModelRunner._preprocess_logits`, then `Sampler._preprocess_logits`): penalties, grammar
+        mask, logit bias, custom logit processors, NaN clean-up (temperature / top-k / top-p /
         min-p follow in verify_mixed). The grammar mask of chain position k is the grammar state
         after x_t, d_1..d_k (SGLang's `build_grammar_vocab_mask` over the chain, as DFLASH):
         a draft the grammar forbids has p = 0 and is never accepted nor recovered. The drafts
         themselves are not masked (that would need the host grammar per token); exactness does
-        not need it. `grammar_barrier` advances the previous round's FSMs first."""
+        not need it. `grammar_barrier` advances the previous round's FSMs first.
+        Penalties and history-reading processors are exact at chain index 0 only, which is all
+        their requests commit (one_token_rows)."""
         info, flat = batch.sampling_info, logits_output.next_token_logits  # [bs*L, V]
         block = flat.shape[0] // len(batch.seq_lens)  # L
         mask = None
         if grammar is not None:  # also clears the extend stage's stale info.grammar_mask
             mask = build_grammar_vocab_mask(reqs=batch.reqs, tree=grammar, sampling_info=info,
                                             device=flat.device, barrier=grammar_barrier)
-        if info.has_custom_logit_processor:
-            apply_custom_logit_processor(flat, info, num_tokens_in_batch=block)
         logits = flat.view(len(batch.seq_lens), block, -1)
         # Penalties: the scheduler hands the worker a forward-only copy of the sampling info with
         # the penalizers' state (fed x_t by algorithm.cumulate_penalties) pre-accumulated per
-        # request, [bs, V]; exact at chain index 0, which is all a penalized request commits.
+        # request, [bs, V].
         if info.acc_additive_penalties is not None:
             logits.add_(info.acc_additive_penalties[:, None, :].to(logits.dtype))
         if info.acc_scaling_penalties is not None:
@@ -325,26 +345,36 @@ class DominoWorker(BaseSpecWorker):
             mask.apply(flat)
         if info.logit_bias is not None:
             logits.add_(info.logit_bias[:, None, :].to(logits.dtype))
+        if info.has_custom_logit_processor:  # every row of a request gets its custom_params
+            apply_custom_logit_processor(flat, info, num_tokens_in_batch=block)
+        sanitize_nan_logits(flat, "DOMINO: verify logits")
         return logits
 
-    def cap_penalized(self, batch, accept_lens: torch.Tensor) -> torch.Tensor:
-        """Requests with frequency / presence / repetition penalties or min_new_tokens commit one
-        token per round (the accepted draft or recovered token at chain index 0).
+    def one_token_rows(self, batch) -> torch.Tensor | None:
+        """[bs] bool: requests that commit one token per round (the accepted draft or recovered
+        token at chain index 0), or None when there are none. These are the requests whose
+        logits depend on their own output so far: frequency / presence / repetition penalties,
+        min_new_tokens, and custom logit processors (they read the request's output_ids through
+        `custom_params["__req__"]`) other than SGLang's history-free disallowed-tokens one.
 
-        SGLang's penalizer state is per request, not per chain position: chain index k > 0 would
-        need the penalties after d_1..d_k. Committing exactly one token per round, fed back at
-        the next round's start (algorithm.cumulate_penalties, as plain decoding's
-        prepare_for_decode does), keeps these requests exact; any accepted token is a valid
-        sample of its position, so truncating the accepted prefix is lossless."""
-        flags = [_has_penalty(r.sampling_params) for r in batch.reqs]
+        Their state is per request, not per chain position: chain index k > 0 would need it
+        after d_1..d_k. Committing exactly one token per round, fed back at the next round's
+        start (algorithm.cumulate_penalties for the penalizers, as plain decoding's
+        prepare_for_decode does; the request's own output_ids for the processors), keeps these
+        requests exact; any accepted token is a valid sample of its position, so truncating
+        the accepted prefix is lossless."""
+        processors = batch.sampling_info.has_custom_logit_processor
+        flags = [_has_penalty(r.sampling_params)
+                 or (processors and _reads_history(r.custom_logit_processor))
+                 for r in batch.reqs]
         if not any(flags):
-            return accept_lens
-        penalized = torch.tensor(flags, device=accept_lens.device)
-        if "penalty" not in self._warned:
-            self._warned.add("penalty")
-            logger.info("DOMINO: requests with penalties / min_new_tokens commit one token per "
-                        "round (exact, no speculative speed-up)")
-        return torch.where(penalized, torch.ones_like(accept_lens), accept_lens)
+            return None
+        if "capped" not in self._warned:
+            self._warned.add("capped")
+            logger.info("DOMINO: requests with penalties, min_new_tokens or a history-reading "
+                        "custom logit processor commit one token per round (exact, no "
+                        "speculative speed-up)")
+        return torch.tensor(flags, device=self.device)
 
     @staticmethod
     def seeds(batch) -> list[int | None]:
@@ -358,9 +388,14 @@ class DominoWorker(BaseSpecWorker):
         on (whose seeded sampler is a Triton kernel), so without this the first token would not
         be reproducible. In the non-greedy path the sampler leaves softmax(processed logits / T)
         in `next_token_logits` (in place); top-k / top-p / min-p are applied here as it does.
-        Skipped with logprobs (the returned logprob belongs to SGLang's own draw)."""
+        A redrawn row's returned logprob becomes log p(drawn), as the sampler computes it (its
+        top / token-id logprobs do not depend on the draw). Under SGLANG_RETURN_ORIGINAL_LOGPROB
+        (logprobs before temperature) batches with logprobs keep SGLang's draw."""
         info, seeds = batch.sampling_info, self.seeds(batch)
-        if info.is_all_greedy or batch.return_logprob or all(s is None for s in seeds):
+        if info.is_all_greedy or all(s is None for s in seeds):
+            return
+        logprobs = out.logits_output.next_token_logprobs  # [bs] or None
+        if logprobs is not None and _RETURN_ORIGINAL_LOGPROB:
             return
         probs = out.logits_output.next_token_logits  # [bs, V]
         if probs is None or not torch.allclose(probs.sum(-1), probs.new_ones(probs.shape[0]),
@@ -372,9 +407,13 @@ class DominoWorker(BaseSpecWorker):
         # the first output token sits at position seq_len (decode rounds draw at > seq_len)
         u = seeded_uniform(rows.seed, batch.seq_lens.long()[:, None], RESAMPLE)[:, 0]
         redraw = torch.tensor([s is not None for s in seeds], device=probs.device) & ~rows.greedy
-        drawn = sample_from(weights, u)
-        out.next_token_ids = torch.where(redraw, drawn.to(out.next_token_ids.dtype),
-                                         out.next_token_ids)
+        drawn = torch.where(redraw, sample_from(weights, u).to(out.next_token_ids.dtype),
+                            out.next_token_ids)
+        out.next_token_ids = drawn
+        if logprobs is not None:  # SGLang's: log(probs) clamped to the dtype's minimum
+            own = probs.gather(1, drawn.long()[:, None]).squeeze(1).log()
+            own = own.clamp(min=torch.finfo(own.dtype).min).to(logprobs.dtype)
+            out.logits_output.next_token_logprobs = torch.where(redraw, own, logprobs)
 
     # ---- steps of the round ----
     def block_slots(self, batch, prefix_lens: torch.Tensor) -> torch.Tensor:
@@ -464,6 +503,12 @@ class DominoWorker(BaseSpecWorker):
             kvs = self.draft_model.drafter.context_kv(target_hidden, positions)
             for attn, (k, v) in zip(self.draft_model.attn, kvs):
                 pool.set_kv_buffer(attn, KVWriteLoc(slots, physical=True), k, v)
+
+
+def _reads_history(processor: str | None) -> bool:
+    """Whether a request's serialized custom logit processor may read its output so far:
+    any but SGLang's DisallowedTokensLogitsProcessor (`supports_sampling_mask`: a fixed ban)."""
+    return bool(processor) and not supports_sampling_mask(processor)
 
 
 def _has_penalty(params) -> bool:

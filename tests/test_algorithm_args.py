@@ -67,6 +67,8 @@ def test_gpu_path_uses_flashinfer_and_keeps_cuda_graphs(drafter, monkeypatch, ta
     ({"speculative_draft_model_path": None}, "needs --speculative-draft-model-path"),
     ({"enable_deterministic_inference": True},
      "does not support --enable-deterministic-inference"),
+    ({"tp_size": 2}, "--tp-size must be 1"),
+    ({"enable_watermark": True}, "drop --enable-watermark"),
 ])
 def test_invalid_combinations(drafter, kw, message):
     with pytest.raises(DominoArgsError) as exc:

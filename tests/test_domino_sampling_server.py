@@ -31,16 +31,16 @@ def server(target_path, tmp_path_factory):
     drafter = make_repeat_drafter(target_path, tmp_path_factory.mktemp("d") / "repeat4", 4)
     with start_server("domino-sampling", ["--dtype", "float32", "--max-total-tokens", "16384"],
                       ["--speculative-algorithm", "DOMINO", "--speculative-draft-model-path",
-                       str(drafter)],
+                       str(drafter), "--enable-custom-logit-processor"],
                       # fixed block: the tests here are about sampling, not the policy, whose
                       # batch-level estimate other tests' traffic would otherwise drive down
                       env={"DOMINO_ADAPTIVE": "0"}) as srv:
         yield srv
 
 
-def generate(server, ids, params):
+def generate(server, ids, params, **fields):
     r = requests.post(f"{server.url}/generate", json={
-        "input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, **params},
+        "input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, **params}, **fields,
     }, timeout=600)
     r.raise_for_status()
     return r.json()
@@ -68,6 +68,35 @@ def test_mixed_batch_greedy_exact_and_seeds(server, target_path, chat_ids, token
     assert _strip_eos(greedy_4) == _strip_eos(expected[4])  # an all-greedy batch: exact too
     assert alone != greedy_4 or other != greedy_4
     print("\nseeded sample:", tokenizer.decode(alone)[:120].replace("\n", " "))
+
+
+def test_seeded_request_reproducible_beside_logprob_requests(server, tokenizer):
+    """A seeded request's output does not depend on whether a request in its prefill batch (or
+    itself) asks for logprobs, and the first token's returned logprob is log p of that token
+    under the request's sampling transform (SGLang's own value, asked for by token id).
+    Power: the first token used to keep SGLang's unseeded draw whenever the prefill batch
+    returned logprobs; at T = 1.5 on an open prompt that draw varies from run to run."""
+    ids = tokenizer("Write a short story about a dragon.").input_ids
+    seeded = {"temperature": 1.5, "top_k": 50, "max_new_tokens": 8, "ignore_eos": True,
+              "sampling_seed": 7}
+    other = {"temperature": 1.0, "max_new_tokens": 8}
+    alone = generate(server, ids, seeded)["output_ids"]
+    for logprob in ([False, True], [True, False], [True, True]):
+        r = requests.post(f"{server.url}/generate", json={
+            "input_ids": [ids, ids], "sampling_params": [seeded, other],
+            "return_logprob": logprob}, timeout=600)
+        r.raise_for_status()
+        out = r.json()[0]
+        assert out["output_ids"] == alone, logprob
+        if logprob[0]:
+            first_logprob, first_token, _ = out["meta_info"]["output_token_logprobs"][0]
+            assert first_token == alone[0]
+    check = requests.post(f"{server.url}/generate", json={
+        "input_ids": ids, "sampling_params": {**seeded, "max_new_tokens": 1},
+        "return_logprob": True, "token_ids_logprob": [alone[0]]}, timeout=600).json()
+    expected = check["meta_info"]["output_token_ids_logprobs"][0][0][0]
+    assert abs(first_logprob - expected) < 1e-4, (first_logprob, expected)
+    assert len(alone) == 8
 
 
 def test_sampled_drafts_are_accepted(server, tokenizer):
@@ -109,39 +138,57 @@ def test_json_schema_requests_return_valid_json(server, tokenizer):
         assert set(obj) == {"name", "age"} and isinstance(obj["age"], int), out["text"]
 
 
-def test_penalized_requests_equal_plain_decoding(server, chat_ids, tokenizer):
-    """Frequency / presence / repetition penalties and min_new_tokens, greedy, in one batch with
-    an unpenalized request: each output equals SGLang's plain decoding token for token.
+def test_history_dependent_requests_equal_plain_decoding(server, chat_ids, tokenizer):
+    """Requests whose logits depend on their own output so far (frequency / presence /
+    repetition penalties, min_new_tokens, a custom logit processor reading the request's
+    output_ids) and a value-reading custom processor beside a logit bias, greedy, in one batch
+    with an unpenalized request: each output equals SGLang's plain decoding token for token.
     Reference: plain decoding with the synchronous scheduler. SGLang's default overlap scheduler
     feeds the penalizers `output_ids[-1]` before the previous step's token is appended (one
     token late, the first token twice: its own relaxation), so its penalized outputs differ
     from exact plain decoding (on the repeat prompt from the 5th token). The penalizers see only
     what the scheduler feeds them (algorithm.cumulate_penalties) through the worker's
-    forward-only sampling info. Power: the code before this test read the penalties from that
-    copy's orchestrator, which is always None, so DOMINO ignored them and its outputs were the
-    unpenalized ones, which the last assertions check differ from the reference."""
+    forward-only sampling info. Power: the code before the penalty fix read the penalties from
+    that copy's orchestrator, which is always None, so DOMINO's outputs were the unpenalized
+    ones, which the last assertions check differ from the reference. Before the processor fix,
+    ForceAfter (force " dog" from the 6th output token on) saw the history as of the round's
+    start at every chain row, so on the repeat prompt, where the drafter's " cat" blocks are
+    accepted, DOMINO still committed " cat" at index 6; and BanArgmax ran before the +100
+    logit bias, so the biased token won every step where plain decoding bans it."""
+    from tests.processors import BanArgmax, ForceAfter
+
     short = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Answer with one word: is the sky blue?"}],
         tokenize=True, add_generation_prompt=True, return_dict=False)
     repeat = tokenizer(REPEAT_PROMPT).input_ids
-    jobs = [(repeat, {"frequency_penalty": 0.8}), (chat_ids[0], {"presence_penalty": 1.0}),
-            (chat_ids[1], {"repetition_penalty": 1.3}), (short, {"min_new_tokens": 24}),
-            (chat_ids[2], {})]
-    jobs = [(ids, {"temperature": 0, "max_new_tokens": 32, **p}) for ids, p in jobs]
+    dog, banana = (tokenizer(w).input_ids[0] for w in (" dog", " banana"))
+    force = {"custom_logit_processor": ForceAfter.to_str()}
+    ban = {"custom_logit_processor": BanArgmax.to_str()}
+    jobs = [(repeat, {"frequency_penalty": 0.8}, {}),
+            (chat_ids[0], {"presence_penalty": 1.0}, {}),
+            (chat_ids[1], {"repetition_penalty": 1.3}, {}), (short, {"min_new_tokens": 24}, {}),
+            (repeat, {"custom_params": {"after": 6, "token": dog}}, force),
+            (chat_ids[3], {"logit_bias": {str(banana): 100.0}}, ban),
+            (chat_ids[2], {}, {})]
+    jobs = [(ids, {"temperature": 0, "max_new_tokens": 32, **p}, f) for ids, p, f in jobs]
 
     def run(srv):
         with ThreadPoolExecutor(len(jobs)) as pool:
-            return list(pool.map(lambda job: generate(srv, *job), jobs))
+            return list(pool.map(lambda job: generate(srv, job[0], job[1], **job[2]), jobs))
 
     domino = run(server)
     plain = {"temperature": 0, "max_new_tokens": 32}
     with start_server("ar-sync", ["--no-speculation", "--dtype", "float32",
                                   "--max-total-tokens", "16384"],
-                      ["--disable-overlap-schedule"]) as ar_sync:
+                      ["--disable-overlap-schedule", "--enable-custom-logit-processor"]) as ar_sync:
         ar = run(ar_sync)
         unpenalized = [generate(ar_sync, ids, plain)["output_ids"] for ids in (repeat, short)]
     assert [o["output_ids"] for o in domino] == [o["output_ids"] for o in ar]
-    # the penalties matter on these prompts (else the comparison above proves nothing)
+    # the penalties and processors matter on these prompts (else the comparison proves nothing)
     assert unpenalized[0] != ar[0]["output_ids"]
     assert len(unpenalized[1]) < 24 <= len(ar[3]["output_ids"])
+    forced = ar[4]["output_ids"]
+    assert forced[6:] == [dog] * (len(forced) - 6) and dog not in forced[:6]
+    assert forced[:6] == unpenalized[0][:6]  # the " cat" run the drafter's blocks accept
+    assert len(ar[5]["output_ids"]) > 8 and banana not in ar[5]["output_ids"]
     print("\nfrequency-penalised repeat:", tokenizer.decode(ar[0]["output_ids"])[:80])

@@ -60,6 +60,14 @@ BAD = [
      {"model": "default", "prompt": [999999999], "max_tokens": 2}, "out-of-vocabulary token id"),
     ("negative token id", "generate", {"input_ids": [1, -3], "sampling_params": {
         "max_new_tokens": 2}}, "out-of-vocabulary token id -3"),
+    # Outputs DOMINO does not produce (domino_sglang.algorithm.refuse_unsupported_outputs):
+    # SGLang alone aborted the first with a 500 after one token.
+    ("sampling mask", "generate", {"text": "Hi", "return_sampling_mask": True,
+                                   "sampling_params": {"max_new_tokens": 8, "temperature": 0}},
+     "return_sampling_mask is not supported with --speculative-algorithm DOMINO"),
+    ("hidden states", "generate", {"text": "Hi", "return_hidden_states": True,
+                                   "sampling_params": {"max_new_tokens": 8}},
+     "return_hidden_states is not supported with --speculative-algorithm DOMINO"),
 ]
 PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "generate": "/generate"}
 
