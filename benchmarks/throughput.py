@@ -39,6 +39,9 @@ METHODS: dict[str, tuple[list[str], dict[str, str]]] = {
     "ar-sync": (["--no-speculation", "--", "--disable-overlap-schedule"], {}),
     "domino-fixed": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "0"}),
     "domino-adaptive": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1"}),
+    # every round plain (L = 1): what serving through the DOMINO worker costs with no
+    # speculation at all (the adaptive policy's floor, probes and warm-up aside)
+    "domino-plain": (["--drafter", "{drafter}"], {"DOMINO_DRAFT_LEN": "1"}),
 }
 
 

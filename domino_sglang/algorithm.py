@@ -90,6 +90,10 @@ def resolve_server_args(server_args) -> None:
     if int(getattr(server_args, "tp_size", 1) or 1) != 1:
         raise DominoArgsError("DOMINO runs on one tensor-parallel rank (--tp-size must be 1): "
                               "its head reads the whole unsharded lm_head")
+    if getattr(server_args, "enable_mixed_chunk", False):
+        raise DominoArgsError("DOMINO rounds do not mix prefill chunks into decode batches: drop "
+                              "--enable-mixed-chunk (SGLang refuses it for custom speculative "
+                              "algorithms)")
     if getattr(server_args, "enable_watermark", False):
         raise DominoArgsError("DOMINO does not apply SGLang's watermark to its verify rounds: "
                               "drop --enable-watermark")

@@ -69,6 +69,7 @@ def test_gpu_path_uses_flashinfer_and_keeps_cuda_graphs(drafter, monkeypatch, ta
      "does not support --enable-deterministic-inference"),
     ({"tp_size": 2}, "--tp-size must be 1"),
     ({"enable_watermark": True}, "drop --enable-watermark"),
+    ({"enable_mixed_chunk": True}, "drop --enable-mixed-chunk"),
 ])
 def test_invalid_combinations(drafter, kw, message):
     with pytest.raises(DominoArgsError) as exc:
