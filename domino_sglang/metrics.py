@@ -37,11 +37,12 @@ PREFIX = "domino_"
 TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                 10.0)
 DRAFT_LEN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
-# Reasons a request is decoded without speculation, created at zero so dashboards show them.
-# Only the policy's choice today: the request features DOMINO is tested with (sampling,
-# penalties, logit bias, grammar masks, logprobs) are all verified speculatively, so no request
-# falls back for being unsupported; a new reason comes with the code path that records it.
-FALLBACK_REASONS = ("adaptive_policy",)
+# Reasons a request is decoded without speculation, created at zero so dashboards show them:
+# the adaptive policy chose a plain round, or the request commits one token per round because
+# its logits depend on its own output (penalties, min_new_tokens, history-reading custom logit
+# processors; worker.one_token_rows). Every other request feature (sampling, logit bias, grammar
+# masks, logprobs) is verified speculatively.
+FALLBACK_REASONS = ("adaptive_policy", "one_token_requests")
 
 
 def head_change_outcomes(drafts: torch.Tensor, base_pick: torch.Tensor,

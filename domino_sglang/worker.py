@@ -233,6 +233,7 @@ class DominoWorker(BaseSpecWorker):
             block = 1
         else:
             block = self.policy.draft_len(bs, committed)
+        self.record_fallbacks(bs, block, capped)
         prefix_lens = batch.seq_lens  # committed tokens (x_t, the bonus, is not among them)
         chain = torch.full((bs, self.block_size), self.conf.mask_token_id, dtype=torch.int64,
                            device=self.device)
@@ -300,8 +301,6 @@ class DominoWorker(BaseSpecWorker):
         the head rolls out L-1 tokens, greedily or (rows given) sampled from q. Returns q
         [bs, L-1, V] (sampled), the backbone's argmax picks [bs, L-1] (greedy), None (L = 1)."""
         if block == 1:  # plain decoding round: no draft pass
-            if self.policy.enabled:
-                self.metrics.record_fallback("adaptive_policy", chain.shape[0])
             return None
         z = self.draft_block(batch, chain, positions.reshape(-1), slots.reshape(-1))
         z = z[:, :block]  # [bs, L, H]: the head at position i reads z_i only
@@ -314,6 +313,16 @@ class DominoWorker(BaseSpecWorker):
             z, chain[:, 0], self.head, self.candidate_pool, use_head=self.use_head,
             return_base_pick=True)
         return base_pick
+
+    def record_fallbacks(self, bs: int, block: int, capped: torch.Tensor | None) -> None:
+        """Request-rounds decoded without speculation, by reason: `one_token_requests` (capped
+        rows, whatever L), `adaptive_policy` (the others, when the policy chose L = 1)."""
+        if not self.metrics.enabled:
+            return
+        n_capped = 0 if capped is None else int(capped.sum())
+        self.metrics.record_fallback("one_token_requests", n_capped)
+        if block == 1 and self.policy.enabled:
+            self.metrics.record_fallback("adaptive_policy", bs - n_capped)
 
     # ---- sampling-time logit processing (what SGLang's sampler applies for plain decoding) ----
     def target_logits(self, batch, logits_output, grammar, grammar_barrier) -> torch.Tensor:

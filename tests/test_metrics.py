@@ -71,6 +71,29 @@ def test_record_round_counts():
     assert value(reg, "domino_fallback_requests_total", reason="adaptive_policy") == 2
 
 
+@pytest.mark.parametrize("capped,block,policy,expected", [
+    (None, 16, True, (0, 0)),                       # a speculative round: no fallback
+    (None, 1, True, (3, 0)),                        # the policy chose a plain round
+    (None, 1, False, (0, 0)),                       # DOMINO_DRAFT_LEN=1 (measurement): no choice
+    ([True, False, False], 16, True, (0, 1)),       # a penalized row in a speculative round
+    ([True, False, True], 1, True, (1, 2)),         # ... and in a plain round: each row once
+])
+def test_fallback_reasons_per_request_round(capped, block, policy, expected):
+    from types import SimpleNamespace
+
+    from domino_sglang.worker import DominoWorker
+
+    reg = CollectorRegistry()
+    fake = SimpleNamespace(metrics=DominoMetrics({"model_name": "m"}, max_draft_len=16,
+                                                 registry=reg),
+                           policy=SimpleNamespace(enabled=policy))
+    DominoWorker.record_fallbacks(fake, 3, block,
+                                  None if capped is None else torch.tensor(capped))
+    got = tuple(value(reg, "domino_fallback_requests_total", reason=r)
+                for r in ("adaptive_policy", "one_token_requests"))
+    assert got == expected
+
+
 def test_disabled_metrics_are_no_ops():
     m = DominoMetrics(enabled=False)
     clock = m.clock()
