@@ -138,9 +138,11 @@ def test_constructed_drafter_is_accepted_and_counted(target_path, tmp_path, ar_s
         stopped = requests.post(f"{server.url}/generate", json={"input_ids": ids,
                                 "sampling_params": {"temperature": 0, "max_new_tokens": 40,
                                                     "stop": [" cat cat cat"]}}, timeout=600).json()
-        logprobs = requests.post(f"{server.url}/generate", json={"input_ids": ids,
-                                 "return_logprob": True, "sampling_params": {
-                                     "temperature": 0, "max_new_tokens": 12}}, timeout=600).json()
+        lp_body = {"input_ids": ids, "return_logprob": True, "top_logprobs_num": 3,
+                   "sampling_params": {"temperature": 0, "max_new_tokens": 12}}
+        logprobs = requests.post(f"{server.url}/generate", json=lp_body, timeout=600).json()
+        lp_ref = requests.post(f"{ar_server_fp32.url}/generate", json=lp_body,
+                               timeout=600).json()["meta_info"]
         other = generate(server, tokenizer("Explain photosynthesis briefly.").input_ids, 24)
         other_ref = generate(ar_server_fp32, tokenizer("Explain photosynthesis briefly.").input_ids,
                              24)
@@ -154,8 +156,17 @@ def test_constructed_drafter_is_accepted_and_counted(target_path, tmp_path, ar_s
     # after it comes back, and generation ends there.
     assert stopped["text"] == "" and stopped["meta_info"]["finish_reason"]["type"] == "stop"
     assert stopped["meta_info"]["completion_tokens"] <= 4
+    # logprobs of tokens committed inside accepted blocks (chain rows of the verify pass) are
+    # plain decoding's: the token's and the top-3, ids equal and values within float noise
     lp = logprobs["meta_info"]["output_token_logprobs"]
     assert [t for _, t, _ in lp] == ref[:12] and all(v <= 0 for v, _, _ in lp)
+    assert [v for v, _, _ in lp] == pytest.approx(
+        [v for v, _, _ in lp_ref["output_token_logprobs"]], abs=1e-3)
+    top, top_ref = logprobs["meta_info"]["output_top_logprobs"], lp_ref["output_top_logprobs"]
+    # (the best id exactly; the 2nd / 3rd may swap places on a near-tie between fp32 kernels)
+    assert [row[0][1] for row in top] == [row[0][1] for row in top_ref] == ref[:12]
+    assert [sorted(v for v, _, _ in row) for row in top] == [
+        pytest.approx(sorted(v for v, _, _ in row), abs=1e-3) for row in top_ref]
     assert other["output_ids"] == other_ref["output_ids"]
     meta = out["meta_info"]
     tau = meta["completion_tokens"] / meta["spec_verify_ct"]
