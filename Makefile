@@ -13,7 +13,8 @@ HOST    ?= http://127.0.0.1:$(PORT)
 USERS   ?= 4
 DURATION ?= 60s
 
-.PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean
+.PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean regenerate \
+	train-drafter train-stage4
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -73,6 +74,8 @@ RECIPE2    ?= domino_sglang/train/recipes/smollm2-135m-stage2.toml
 RUN_DIR2   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage2
 RECIPE3    ?= domino_sglang/train/recipes/smollm2-135m-stage3.toml
 RUN_DIR3   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage3
+RECIPE4    ?= domino_sglang/train/recipes/smollm2-135m-stage4.toml
+RUN_DIR4   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage4
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 regenerate: target
@@ -85,6 +88,14 @@ train-drafter: regenerate
 	$(BIN)/domino-sglang train --config $(RECIPE3) --data $(REGEN_DATA) --out $(RUN_DIR3) \
 		--init $(RUN_DIR2)/drafter
 	cp $(RUN_DIR3)/drafter/config.json $(RUN_DIR3)/drafter/model.safetensors $(SHIPPED)/
+
+# Stage 4 (not shipped: see its recipe): continues stage 3 on 2.5x the data, then compares the two
+# on answers no stage saw (ShareGPT ids 3401..3800).
+train-stage4: train-drafter
+	$(BIN)/domino-sglang train --config $(RECIPE4) --data $(REGEN_DATA) --out $(RUN_DIR4) \
+		--init $(RUN_DIR3)/drafter
+	$(BIN)/python benchmarks/compare_drafters.py --min-id 3401 --max-id 3800 \
+		$(SHIPPED) $(RUN_DIR4)/drafter
 
 clean:
 	rm -rf $(VENV)
