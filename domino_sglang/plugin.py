@@ -13,16 +13,18 @@ _registered = False
 
 
 def register() -> None:
-    """Register the CPU attention backend, the DOMINO algorithm and the request / log guards
-    (guards.py). Idempotent."""
+    """Register the CPU attention backend, the packed oneDNN CPU linears (cpu/linear.py, CPU
+    engine only), the DOMINO algorithm and the request / log guards (guards.py). Idempotent."""
     global _registered
     if _registered:
         return
     from domino_sglang.algorithm import register_algorithm
+    from domino_sglang.cpu import linear
     from domino_sglang.cpu.attention import register_backend
     from domino_sglang.guards import register_guards
 
     register_backend()
+    linear.install()
     register_algorithm()
     register_guards()
     _registered = True

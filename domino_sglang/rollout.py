@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from domino_sglang.cpu.linear import packed_linear
+
 
 def gru_step(gru: nn.GRU, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """One bias-free GRU step (PyTorch's gate order r, z, n). x [bs, H], h [bs, G] -> [bs, G]."""
@@ -47,6 +49,9 @@ class HeadParams:
     lm_head_weight: torch.Tensor  # [V, H], the target's
     prefix_gru: nn.GRU
     embed_proj: nn.Sequential  # Linear(H+G -> E), SiLU, Linear(E -> V)
+    # lm_head_weight packed for oneDNN (cpu/linear.py), or None. Draft side only: a stale pack
+    # after a target weight update could only lower acceptance, never change the output.
+    lm_head_packed: torch.Tensor | None = None
 
 
 @dataclass
@@ -86,6 +91,8 @@ def base_logits(z: torch.Tensor, head: HeadParams) -> torch.Tensor:
     bs, n, h = z.shape[0], z.shape[1] - 1, z.shape[2]
     # 2-D and contiguous: a strided 3-D bf16 input sends torch to a ~80x slower CPU GEMM path.
     zz = z[:, :-1].reshape(bs * n, h).to(head.lm_head_weight.dtype)
+    if head.lm_head_packed is not None and zz.device.type == "cpu":
+        return packed_linear(zz, head.lm_head_packed).float().view(bs, n, -1)
     return F.linear(zz, head.lm_head_weight).float().view(bs, n, -1)
 
 

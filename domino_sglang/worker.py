@@ -49,6 +49,7 @@ from domino_sglang.config import (
     load_draft_config,
     load_draft_weights,
 )
+from domino_sglang.cpu import linear as cpu_linear
 from domino_sglang.metrics import DominoMetrics, head_change_outcomes
 from domino_sglang.model import sglang_draft_model_class
 from domino_sglang.policy import SpeculationPolicy, cost_model
@@ -112,6 +113,8 @@ class DominoWorker(BaseSpecWorker):
         # SGLang pads lm_head rows to a multiple of 64: the head scores the real vocabulary only
         lm_head = target_model.lm_head.weight[:target_cfg.vocab_size]  # [V, H]
         self.head = self.draft_model.drafter.head(self.embed, lm_head, head_dtype)
+        if cpu_linear.is_active():  # the base logits of 15 positions: 3x faster packed (fp32)
+            self.head.lm_head_packed = cpu_linear.pack(lm_head)
         self._block_offsets = torch.arange(self.block_size, device=self.device)
         self._warned: set[str] = set()
         self.metrics = DominoMetrics.for_scheduler(self.block_size, self.device)
