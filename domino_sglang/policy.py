@@ -12,10 +12,10 @@ The constants depend on the hardware and the model dtype, so there is one `CostM
 measured profile (`COSTS`), chosen by `cost_model(device, dtype)`:
   - "cpu-bf16": SmolLM2-135M, bf16, 1 thread, 2-core Xeon with AMX
     (benchmarks/results/round_cost.md, fitted by hand with the fixed-block sweep's rounds);
-  - "cpu-fp32": the same target in fp32 on a 2-core AMD EPYC Zen 3 (AVX2, no native bf16;
-    benchmarks/results/round_cost_fp32.md, least squares by fit_cost.py): the draft pass and each
-    verified token cost more there relative to a plain step, so speculation needs a better drafter
-    to pay.
+  - "cpu-fp32": the same target in fp32 on a 2-core AMD EPYC, linears on packed oneDNN weights
+    (cpu/linear.py; benchmarks/results/round_cost_fp32.md, least squares by fit_cost.py): the
+    draft pass and each verified token cost more there relative to a plain step, so speculation
+    needs a better drafter to pay.
 A GPU has not been measured (no GPU here): it gets the cpu-bf16 constants, which overestimate what
 verifying more tokens costs on a GPU (the policy errs towards plain decoding there). Env
 DOMINO_COST=DRAFT,SLOPE_0,SLOPE_PER_REQ overrides the profile (what fit_cost.py prints).
@@ -25,8 +25,10 @@ paid by any speculative round whatever L; slope is the price of one more verifie
 request, growing with bs as the target's forward turns from memory-bound into compute-bound
 (bs * L tokens). Measured on the Xeon in bf16: L = 2 costs ~1.4 steps at bs 1..32; L = 16 costs
 ~1.7-2.2 steps at bs 1, ~2.4-3.0 at bs 4, ~4.1 at bs 16, ~4.3-5.3 at bs 32. On the AMD EPYC in
-fp32 (after the per-request attention layout made plain steps cheaper): L = 2 ~1.6-1.9 steps;
-L = 16 ~2.8 at bs 1, ~3.2 at bs 4, ~6.0 at bs 16, ~7.3 at bs 32.
+fp32 with packed oneDNN linears (which made plain steps 1.4-1.5x cheaper): L = 2 ~1.6-2.6
+steps; L = 16 ~2.0 at bs 1, ~4.6 at bs 4, ~8.7 at bs 16, ~9.5 at bs 32. The linear model
+overestimates bs 1 (L = 16: 3.45 vs 2.04; the policy errs towards plain decoding there) and
+underestimates bs 16 (6.75 vs 8.73), where only alpha >~ 0.8 makes it speculate at all.
 
 Acceptance model: each draft is accepted with probability alpha given the ones before it were
 (geometric), so a round verifying L tokens commits E(L) = 1 + alpha + ... + alpha^(L-1) =
@@ -80,7 +82,7 @@ class CostModel:
 
 COSTS = {
     "cpu-bf16": CostModel(draft=0.35, slope_0=0.05, slope_per_req=0.0065),
-    "cpu-fp32": CostModel(draft=0.53, slope_0=0.099, slope_per_req=0.0088),
+    "cpu-fp32": CostModel(draft=0.599, slope_0=0.1088, slope_per_req=0.01466),
 }
 DEFAULT_COST = COSTS["cpu-bf16"]
 

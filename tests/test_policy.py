@@ -70,9 +70,9 @@ def test_cost_profile_by_device_and_dtype(monkeypatch):
     (4, 0.5, 4, 1),
     (1, 0.7, 7, 6),
     (1, 0.9, 15, 12),
-    (16, 0.7, 5, 4),
-    (16, 0.9, 10, 9),
-    (32, 0.9, 8, 7),
+    (16, 0.7, 5, 1),
+    (16, 0.9, 10, 7),
+    (32, 0.9, 8, 5),
 ])
 def test_decisions_per_profile(bs, alpha, expected_bf16, expected_fp32):
     assert choose_draft_len(bs, alpha, B, cost=COSTS["cpu-bf16"]) == expected_bf16
