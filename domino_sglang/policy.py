@@ -12,6 +12,9 @@ The constants depend on the hardware and the model dtype, so there is one `CostM
 measured profile (`COSTS`), chosen by `cost_model(device, dtype)`:
   - "cpu-bf16": SmolLM2-135M, bf16, 1 thread, 2-core Xeon with AMX
     (benchmarks/results/round_cost.md, fitted by hand with the fixed-block sweep's rounds);
+    re-measured on an AMD EPYC with native bf16 and packed oneDNN linears
+    (round_cost_bf16_epyc.md: L = 16 at 2.31 / 2.74 / 4.35 / 4.61 steps, bs 1 / 4 / 16 / 32;
+    this profile predicts 2.20 / 2.49 / 3.66 / 5.22), close enough to keep;
   - "cpu-fp32": the same target in fp32 on a 2-core AMD EPYC, linears on packed oneDNN weights
     (cpu/linear.py; benchmarks/results/round_cost_fp32.md, least squares by fit_cost.py): the
     draft pass and each verified token cost more there relative to a plain step, so speculation
