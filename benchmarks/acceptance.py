@@ -5,7 +5,9 @@ and answers the same prompts: MT-Bench (80, first turn), HumanEval (164), GSM8K 
 test set), chat template applied by the server, greedy, `--max-tokens` new tokens; `--limit`
 takes the first N of each set (this CPU decodes ~7 tok/s). Per dataset and method:
 
-    tau            committed tokens per verify round, bonus included
+    tau            committed tokens per verify round, bonus included (SGLang's convention:
+                   output tokens / spec_verify_calls, so the prefill's first token counts too
+                   and all-plain decoding of n tokens scores n / (n - 1))
                    = completion tokens / delta of sglang:spec_verify_calls_total
     by position    share of rounds whose draft at position p was accepted
                    (delta of domino_accepted_tokens_by_position_total / rounds; DOMINO only)

@@ -109,7 +109,9 @@ def run_point(url: str, prompts: list[str], concurrency: int, max_tokens: int,
     rounds = after.get("sglang:spec_verify_calls_total", 0) - before.get(
         "sglang:spec_verify_calls_total", 0)
     return {
-        # tau = committed tokens per verify round (bonus included); only for speculative servers
+        # tau = committed tokens per verify round (bonus included); only for speculative servers.
+        # SGLang's convention: output tokens / verify calls, the prefill's first token included
+        # (all-plain decoding of n tokens per request scores n / (n - 1), e.g. 1.016 at 64)
         "tau": round(tokens / rounds, 3) if rounds > 0 else None,
         "texts": [r["text"] for r in results],
         "concurrency": concurrency,

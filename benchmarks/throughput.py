@@ -86,8 +86,11 @@ def main() -> None:
                     help="measure every point this many times (methods back to back each time); "
                          "the table reports the median run of each method")
     ap.add_argument("--base-tree", type=Path, default=None,
-                    help="another checkout of this repository: adds method ar-base (AR served "
-                         "by that checkout's domino_sglang), e.g. a `git worktree` of the parent")
+                    help="another checkout of this repository: adds method <m>-base for each "
+                         "of --base-methods (<m> served by that checkout's domino_sglang), e.g. "
+                         "a `git worktree` of the parent")
+    ap.add_argument("--base-methods", nargs="+", default=["ar"], choices=list(METHODS),
+                    help="the methods --base-tree serves too (default: ar)")
     ap.add_argument("--out", default="throughput")
     args = ap.parse_args()
     if (min(args.concurrency) < 1 or args.max_tokens < 1 or min(args.temperatures) < 0
@@ -97,8 +100,10 @@ def main() -> None:
     if args.base_tree is not None:
         if not (args.base_tree / "domino_sglang" / "__init__.py").is_file():
             ap.error(f"--base-tree: no domino_sglang package in {args.base_tree}")
-        METHODS["ar-base"] = (["--no-speculation"], {"PYTHONPATH": str(args.base_tree.resolve())})
-        args.methods = [*args.methods, "ar-base"]
+        for m in args.base_methods:
+            flags, env = METHODS[m]
+            METHODS[f"{m}-base"] = (flags, {**env, "PYTHONPATH": str(args.base_tree.resolve())})
+        args.methods = [*args.methods, *(f"{m}-base" for m in args.base_methods)]
 
     from domino_sglang.paths import shipped_drafter_dir
 

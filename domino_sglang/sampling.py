@@ -33,7 +33,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from domino_sglang.rollout import HeadParams, base_logits, gru_step, head_step, make_candidates
 
@@ -50,7 +49,10 @@ class SamplingRows:
     top_p: torch.Tensor  # [N] float32
     min_p: torch.Tensor  # [N] float32
     seed: torch.Tensor  # [N] int64
-    need_sort: bool = True  # host flag: some row filters by top-k or top-p
+    # host flags (over-approximations are safe: they only cost a pass over [N, V])
+    need_sort: bool = True  # some row filters by top-k or top-p
+    need_min_p: bool = True  # some row filters by min-p
+    has_greedy: bool = True  # some row is greedy (top_k <= 1)
 
     @property
     def greedy(self) -> torch.Tensor:  # [N] bool
@@ -60,12 +62,15 @@ class SamplingRows:
         """Each row repeated n times (rows of a flattened [N, n, V] tensor)."""
         r = lambda t: t.repeat_interleave(n, dim=0)  # noqa: E731
         return SamplingRows(r(self.temperature), r(self.top_k), r(self.top_p), r(self.min_p),
-                            r(self.seed), self.need_sort)
+                            r(self.seed), self.need_sort, self.need_min_p, self.has_greedy)
 
     @classmethod
     def from_sampling_info(cls, info, seeds: list[int | None]) -> SamplingRows:
         """From SGLang's SamplingBatchInfo (`temperatures` [bs, 1], `top_ks`, `top_ps`,
-        `min_ps`) and each request's `sampling_seed` (None: a fresh random seed this round)."""
+        `min_ps`, the need_* flags) and each request's `sampling_seed` (None: a fresh random
+        seed this round). SGLang ORs its flags when batches merge and keeps them when requests
+        leave, so they over-approximate; a greedy row has top_k = 1, which sets
+        need_top_k_sampling."""
         device = info.temperatures.device
         given = torch.tensor([s if s is not None else 0 for s in seeds], dtype=torch.int64)
         has = torch.tensor([s is not None for s in seeds])
@@ -73,11 +78,16 @@ class SamplingRows:
         seed = torch.where(has.to(device), given.to(device), fresh)
         return cls(temperature=info.temperatures.view(-1).float(), top_k=info.top_ks.long(),
                    top_p=info.top_ps.float(), min_p=info.min_ps.float(), seed=seed,
-                   need_sort=bool(info.need_top_k_sampling or info.need_top_p_sampling))
+                   need_sort=bool(info.need_top_k_sampling or info.need_top_p_sampling),
+                   need_min_p=bool(info.need_min_p_sampling),
+                   has_greedy=bool(info.need_top_k_sampling))
 
 
 def process_logits(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
-    """logits [N, V] -> the processed distribution [N, V] (float32) each row is sampled from."""
+    """logits [N, V] -> the processed distribution [N, V] (float32) each row is sampled from.
+
+    Passes over [N, V] are skipped when the host flags say no row needs them: temperature-only
+    rows cost the division and the softmax."""
     probs = torch.softmax(logits.float() / rows.temperature[:, None], dim=-1)
     if rows.need_sort:
         sorted_p, idx = probs.sort(dim=-1, descending=True)
@@ -85,11 +95,17 @@ def process_logits(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
         rank = torch.arange(probs.shape[-1], device=probs.device)
         drop = (rank[None] >= rows.top_k[:, None]) | (mass_before > rows.top_p[:, None])
         probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p.masked_fill(drop, 0.0))
-    # min-p relative to the top probability (never removed by top-k / top-p)
-    probs = probs.masked_fill(probs < probs.amax(dim=-1, keepdim=True) * rows.min_p[:, None], 0.0)
-    probs = probs / probs.sum(dim=-1, keepdim=True)
-    one_hot = F.one_hot(logits.argmax(dim=-1), probs.shape[-1]).to(probs.dtype)
-    return torch.where(rows.greedy[:, None], one_hot, probs)
+    if rows.need_min_p:  # min-p relative to the top probability (never removed by top-k / p)
+        top = probs.amax(dim=-1, keepdim=True)
+        probs = probs.masked_fill(probs < top * rows.min_p[:, None], 0.0)
+    if rows.need_sort or rows.need_min_p:
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    if rows.has_greedy:  # greedy rows: one-hot at the argmax, in place (probs is our own tensor)
+        pick = logits.argmax(dim=-1, keepdim=True)  # [N, 1]
+        greedy = rows.greedy[:, None]  # [N, 1]
+        at_pick = torch.where(greedy, 1.0, probs.gather(1, pick))  # others: unchanged
+        probs.masked_fill_(greedy, 0.0).scatter_(1, pick, at_pick)
+    return probs
 
 
 def _mix32(h: torch.Tensor) -> torch.Tensor:
@@ -162,8 +178,9 @@ def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows
         q = process_logits(base.reshape(-1, vocab), rows.repeat(n)).view_as(base)
         return sample_from(q.view(-1, vocab), u_draft.reshape(-1)).view(-1, n), q
     cand = make_candidates(base, head, candidate_pool)
-    q0 = process_logits(base[:, 0], rows)  # [bs, V]
-    drafts, qs = [sample_from(q0, u_draft[:, 0])], [q0]
+    q = base.new_zeros(base.shape)  # [bs, n, V]; with a pool, q_i (i >= 1) is 0 outside it
+    q[:, 0] = process_logits(base[:, 0], rows)
+    drafts = [sample_from(q[:, 0], u_draft[:, 0])]
     gdtype = head.prefix_gru.weight_hh_l0.dtype
     s = z.new_zeros(z.shape[0], head.prefix_gru.hidden_size, dtype=gdtype)
     s = gru_step(head.prefix_gru, head.embed(bonus).to(gdtype), s)
@@ -171,13 +188,17 @@ def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows
     zh = z.to(gdtype)
     for i in range(1, n):
         logits = head_step(head, zh[:, i], s, base[:, i].to(gdtype), cand, i).float()
-        if cand is not None:  # pool logits -> full vocabulary, -inf outside the pool
-            logits = base.new_full((base.shape[0], vocab), float("-inf")).scatter_(
-                1, cand.ids, logits)
-        q_i = process_logits(logits, rows)
-        d = sample_from(q_i, u_draft[:, i])
+        if cand is None:
+            q[:, i] = process_logits(logits, rows)
+            d = sample_from(q[:, i], u_draft[:, i])
+        else:
+            # Processed over the pool alone [bs, K]: the same distribution as over the full
+            # vocabulary with -inf outside the pool (those tokens get probability 0 and rank
+            # last for top-k / top-p), at K / V of the cost; d is drawn from exactly the q kept.
+            q_pool = process_logits(logits, rows)
+            q[:, i].scatter_(1, cand.ids, q_pool)
+            d = cand.ids.gather(1, sample_from(q_pool, u_draft[:, i])[:, None]).squeeze(1)
         drafts.append(d)
-        qs.append(q_i)
         if i + 1 < n:
             s = gru_step(head.prefix_gru, head.embed(d).to(gdtype), s)
-    return torch.stack(drafts, dim=1), torch.stack(qs, dim=1)
+    return torch.stack(drafts, dim=1), q

@@ -72,8 +72,12 @@ def verify_sampled(chain: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
     # accepted) gives the bonus distribution p_{B-1} itself.
     at = accepted[:, None, None].expand(-1, 1, vocab).long()
     p_a = p.gather(1, at).squeeze(1)  # [bs, V]
-    q_a = torch.cat((q, q.new_zeros(bs, 1, vocab)), dim=1).gather(1, at).squeeze(1)
-    residual = (p_a - q_a).clamp_(min=0)
+    if block > 1:
+        q_a = q.gather(1, at.clamp(max=block - 2)).squeeze(1)  # [bs, V]
+        q_a.masked_fill_((accepted == block - 1)[:, None], 0.0)  # all accepted: q_{B-1} = 0
+        residual = (p_a - q_a).clamp_(min=0)
+    else:  # plain round: nothing drafted, the bonus is drawn from p_0
+        residual = p_a
     # Rejection implies p_a(d) < q_a(d), so some other token has p > q and the residual has
     # mass; only rounding can empty it, and then p_a is the right fallback.
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_a)
@@ -92,6 +96,8 @@ def verify_mixed(chain: torch.Tensor, logits: torch.Tensor, q: torch.Tensor,
     bs, block, vocab = logits.shape
     p = process_logits(logits.reshape(-1, vocab), rows.repeat(block)).view(bs, block, vocab)
     tokens, accept_len = verify_sampled(chain, q, p, u.accept, u.resample)
+    if not rows.has_greedy:
+        return tokens, accept_len
     g_tokens, g_len = verify_greedy(chain, logits.argmax(dim=-1))
     greedy = rows.greedy
     return (torch.where(greedy[:, None], g_tokens, tokens),

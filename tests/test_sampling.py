@@ -50,14 +50,17 @@ def make_head(seed: int = 0, vocab: int = V) -> HeadParams:
                       embed_proj=proj)
 
 
-def make_rows(n: int, temperature=1.0, top_k=1 << 30, top_p=1.0, min_p=0.0, seed0=0,
-              need_sort=True) -> SamplingRows:
+def make_rows(n: int, temperature=1.0, top_k=1 << 30, top_p=1.0, min_p=0.0, seed0=0
+              ) -> SamplingRows:
+    """n requests alike, with the host flags SGLang would set for them (so the temperature
+    case runs the served fast path: no sort, no min-p, no greedy pass)."""
     full = lambda v, dt: torch.full((n,), v, dtype=dt)  # noqa: E731
     return SamplingRows(temperature=full(temperature, torch.float32),
                         top_k=full(top_k, torch.int64), top_p=full(top_p, torch.float32),
                         min_p=full(min_p, torch.float32),
                         seed=torch.arange(seed0, seed0 + n, dtype=torch.int64),
-                        need_sort=need_sort)
+                        need_sort=top_k != 1 << 30 or top_p < 1.0, need_min_p=min_p > 0,
+                        has_greedy=top_k != 1 << 30)
 
 
 class TinyTarget:
@@ -244,6 +247,7 @@ def test_mixed_batch_greedy_rows_are_exact():
     rows = make_rows(16, temperature=0.9)
     rows.top_k[::2] = 1
     rows.temperature[::2] = 1.0
+    rows.need_sort = rows.has_greedy = True  # as SGLang flags a batch with greedy rows
     out = run_domino(target, head, rows, verify_mixed, 6)
     seq = list(PROMPT)
     for _ in range(6):
@@ -344,3 +348,26 @@ def test_process_logits_equals_sglang_cpu_sampler_filter():
     expected = torch.zeros_like(probs).scatter_(-1, idx.long(), filtered)
     expected = expected / expected.sum(-1, keepdim=True)
     torch.testing.assert_close(process_logits(logits, rows), expected)
+
+
+def test_host_flags_only_skip_work():
+    """process_logits with the flags SGLang sets for a batch equals the all-passes path, and
+    the greedy pass writes an exact one-hot; a pool-processed q equals the full-vocabulary one."""
+    torch.manual_seed(1)
+    logits = 4 * torch.randn(8, 300)
+    for kw in (dict(temperature=0.7), dict(temperature=1.2, min_p=0.05),
+               dict(temperature=0.9, top_p=0.8), dict(top_k=1)):
+        exact = make_rows(8, **kw)
+        conservative = SamplingRows(exact.temperature, exact.top_k, exact.top_p, exact.min_p,
+                                    exact.seed)  # every flag True: every pass runs
+        fast = process_logits(logits, exact)
+        torch.testing.assert_close(fast, process_logits(logits, conservative))
+        if kw.get("top_k") == 1:
+            assert torch.equal(fast, torch.nn.functional.one_hot(logits.argmax(-1), 300).float())
+    # over a pool: identical to the full vocabulary with -inf outside it
+    rows = make_rows(8, temperature=0.8, top_p=0.9)
+    ids = torch.randperm(300)[:40].repeat(8, 1)  # [8, 40]
+    pool = logits.gather(1, ids)
+    full = torch.full_like(logits, float("-inf")).scatter_(1, ids, pool)
+    on_pool = torch.zeros_like(logits).scatter_(1, ids, process_logits(pool, rows))
+    torch.testing.assert_close(on_pool, process_logits(full, rows))
