@@ -71,8 +71,14 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
         cmd += ["--dtype", args.dtype or default_cpu_dtype()]
         if not _has_flag(extra, "--max-total-tokens"):
             cmd += ["--max-total-tokens", str(args.max_total_tokens)]
+        # On a CPU the KV pool is capped by --max-total-tokens; SGLang's --mem-fraction-static
+        # only gates start-up: it refuses to start when the weights (target + draft) take more
+        # than that fraction of the RAM it measured free before loading them. That measure
+        # moves under cgroups (page cache counts against memory.max) and with a second replica
+        # loading beside this one: at 0.3, one replica on a 7.3 GB-free CI cgroup saw 7.28 ->
+        # ~5.0 GB and refused. 0.8 keeps the guard and leaves those swings room.
         if not _has_flag(extra, "--mem-fraction-static"):
-            cmd += ["--mem-fraction-static", "0.3"]
+            cmd += ["--mem-fraction-static", "0.8"]
         # An idle SGLang scheduler busy-polls its sockets at 100% of a core; on a CPU server
         # that core is the one decoding, so block on the sockets instead (wakes on arrival).
         if not _has_flag(extra, "--sleep-on-idle"):

@@ -130,3 +130,8 @@ def test_serve_cpu_command_line(target_path, monkeypatch):
     assert cmd[cmd.index("--attention-backend") + 1] == "domino_cpu"
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
     assert cmd.count("--max-total-tokens") == 1  # the user's value wins
+    # the pool is capped by --max-total-tokens; the fraction only gates start-up, and at 0.3
+    # a replica on a CI cgroup with 7.3 GB free refused to start (its weights took 31%)
+    assert cmd[cmd.index("--mem-fraction-static") + 1] == "0.8"
+    cmd, _ = cli.build_serve_command(args, ["--mem-fraction-static", "0.5"])
+    assert cmd.count("--mem-fraction-static") == 1 and cmd[-1] == "0.5"
