@@ -39,6 +39,9 @@ METHODS: dict[str, tuple[list[str], dict[str, str]]] = {
     "ar-sync": (["--no-speculation", "--", "--disable-overlap-schedule"], {}),
     "domino-fixed": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "0"}),
     "domino-adaptive": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1"}),
+    # the adaptive policy on its cost profile as measured, without calibration from round times
+    "domino-adaptive-uncal": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1",
+                                                           "DOMINO_CALIBRATE": "0"}),
     # every round plain (L = 1): what serving through the DOMINO worker costs with no
     # speculation at all (the adaptive policy's floor, probes and warm-up aside)
     "domino-plain": (["--drafter", "{drafter}"], {"DOMINO_DRAFT_LEN": "1"}),
@@ -91,12 +94,25 @@ def main() -> None:
                          "a `git worktree` of the parent")
     ap.add_argument("--base-methods", nargs="+", default=["ar"], choices=list(METHODS),
                     help="the methods --base-tree serves too (default: ar)")
+    ap.add_argument("--cost", default=None, metavar="DRAFT,SLOPE_0,SLOPE_PER_REQ",
+                    help="serve every DOMINO method on this cost profile (env DOMINO_COST, "
+                         "policy.py), e.g. a wrong one, to see what calibration recovers")
     ap.add_argument("--out", default="throughput")
     args = ap.parse_args()
     if (min(args.concurrency) < 1 or args.max_tokens < 1 or min(args.temperatures) < 0
             or args.repeats < 1):
         ap.error("--concurrency, --max-tokens and --repeats must be >= 1, --temperatures >= 0")
 
+    if args.cost is not None:
+        from domino_sglang.policy import cost_model
+
+        try:
+            cost_model("cpu", "float32", override=args.cost)
+        except ValueError as exc:
+            ap.error(f"--cost: {exc}")
+        for m, (flags, env) in list(METHODS.items()):
+            if m.startswith("domino"):
+                METHODS[m] = (flags, {**env, "DOMINO_COST": args.cost})
     if args.base_tree is not None:
         if not (args.base_tree / "domino_sglang" / "__init__.py").is_file():
             ap.error(f"--base-tree: no domino_sglang package in {args.base_tree}")
@@ -149,11 +165,14 @@ def main() -> None:
 
     RESULTS.mkdir(exist_ok=True)
     out = {"provenance": prov, "max_tokens": args.max_tokens, "dtype": args.dtype,
+           "cost": args.cost,
            "repeats": args.repeats, "drafter": drafter, "rows": rows, "runs": runs}
     (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=2) + "\n")
     median = f", median of {args.repeats} runs" if args.repeats > 1 else ""
+    cost = f"- DOMINO methods on cost profile DOMINO_COST={args.cost}\n" if args.cost else ""
     lines = [f"## Throughput sweep ({args.max_tokens} output tokens, ignore_eos, {args.dtype}"
-             f"{median})", "", provenance.markdown_header(prov), f"- drafter: `{drafter}`", "",
+             f"{median})", "", provenance.markdown_header(prov), f"{cost}- drafter: `{drafter}`",
+             "",
              "| temperature | concurrency | method | output tok/s | vs AR | tau | TTFT p50 (s) "
              "| ITL mean (ms) | runs (tok/s) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["temperature"], r["concurrency"])):

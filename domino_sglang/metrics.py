@@ -4,8 +4,9 @@ SGLang serves `/metrics` from its HTTP process with prometheus_client's multipro
 (`PROMETHEUS_MULTIPROC_DIR`, set by the launcher and inherited by the scheduler processes). A
 counter or histogram created in the scheduler process writes its values to that folder, so the
 metrics below need no server of their own: create them where the worker runs, and they appear
-next to `sglang:*`. Only monotonic counters and histograms (no gauges, which would need a
-multiprocess mode); rates and ratios are derived in PromQL (README, "Metrics").
+next to `sglang:*`. Monotonic counters and histograms, from which rates and ratios are derived in
+PromQL (README, "Metrics"), and one gauge in prometheus_client's `mostrecent` multiprocess mode
+(the last value any process set): the calibrated cost scale.
 
 Terms (per request and round; draft length L = tokens in the verified chain [x_t, d_1..d_{L-1}]):
 
@@ -141,6 +142,13 @@ class DominoMetrics:
         self.draft_len = histogram(
             "draft_length", "Draft length L chosen for a round (verified chain, x_t included).",
             DRAFT_LEN_BUCKETS)
+        from prometheus_client import Gauge
+
+        self.cost_scale = Gauge(
+            PREFIX + "cost_scale",
+            "Calibrated k: how many times the cost profile's speculative overhead this server's "
+            "rounds really take (policy.py; 1 = as profiled).", names, registry=registry,
+            multiprocess_mode="mostrecent")
 
         # Children created up front so every series exists (at 0) from the first scrape.
         lv = self.labels
@@ -156,6 +164,8 @@ class DominoMetrics:
         self._draft_time = self.draft_time.labels(**lv)
         self._verify_time = self.verify_time.labels(**lv)
         self._draft_len = self.draft_len.labels(**lv)
+        self._cost_scale = self.cost_scale.labels(**lv)
+        self._cost_scale.set(1.0)
 
     @classmethod
     def for_scheduler(cls, max_draft_len: int, device) -> DominoMetrics:
@@ -211,6 +221,11 @@ class DominoMetrics:
         if len(spans) >= 2:
             self._draft_time.observe(spans[0])
             self._verify_time.observe(spans[1])
+
+    def record_cost_scale(self, k: float) -> None:
+        """The adaptive policy's calibrated cost scale k (policy.CostCalibration)."""
+        if self.enabled:
+            self._cost_scale.set(k)
 
     def record_fallback(self, reason: str, requests: int = 1) -> None:
         """Requests decoded without speculation (e.g. the adaptive policy chose L = 1)."""

@@ -20,7 +20,8 @@ measured profile (`COSTS`), chosen by `cost_model(device, dtype)`:
     draft pass and each verified token cost more there relative to a plain step, so speculation
     needs a better drafter to pay.
 A GPU has not been measured (no GPU here): it gets the cpu-bf16 constants, which overestimate what
-verifying more tokens costs on a GPU (the policy errs towards plain decoding there). Env
+verifying more tokens costs on a GPU (the policy errs towards plain decoding there), scaled by the
+calibration below from the GPU's own round times (unverified without a GPU). Env
 DOMINO_COST=DRAFT,SLOPE_0,SLOPE_PER_REQ overrides the profile (what fit_cost.py prints).
 
 DRAFT is the draft pass (one backbone pass over the whole block plus the head's first step),
@@ -51,6 +52,21 @@ spaced so probes cost at most PROBE_BUDGET of the plain rounds' time:
     probe every ceil((cost(bs, 2) - 1) / PROBE_BUDGET) plain rounds,
 and never when even a perfect drafter (alpha = 1) could not beat plain decoding at this bs.
 
+Calibration (`CostCalibration`): a profile measured on one CPU is off on another (an AVX2-only
+EPYC ran L = 2 at 1.53 plain steps where the cpu-fp32 profile says 1.72; the Xeon-fitted one
+underestimated bs 16 on the AVX512 EPYC), and a GPU has no profile. So the server scales the
+profile's speculative overhead by k, learned from its own round times:
+    cost_k(bs, L) = 1 + k * (cost(bs, L) - 1)
+    sample of k  = (t(bs, L) / t_plain(bs) - 1) / (cost(bs, L) - 1)     from a round of L > 1
+where t is the wall time from one decode round's start to the next's (what a round really costs:
+the scheduler's own work included; a prefill in between voids the sample) and t_plain(bs) a running
+mean of the plain rounds' times at that batch size (bucketed: exact to 8, then 4 per octave).
+k is a forgetting geometric mean of its samples (each clipped to [K_MIN, K_MAX], so one round
+slowed by a GC pause moves k by at most a factor K_MAX^(1/weight)) with a prior k = 1 worth
+K_PRIOR_WEIGHT sample. A plainly decoding server learns k from its probes; a speculating one
+runs a plain round (a calibration round) when its batch size has no fresh plain time, at most one
+every CAL_MIN_GAP rounds. DOMINO_CALIBRATE=0 keeps k = 1 (the profile as measured).
+
 Switches: env DOMINO_ADAPTIVE=0 verifies the full block every round (fixed block);
 DOMINO_DRAFT_LEN=L pins L (measurement); DOMINO_DRAFT_LEN=L0,L1,.. cycles a pattern by the
 committed length n of the batch's first request (L = pattern[n mod len]): a deterministic mix of
@@ -62,11 +78,15 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MARGIN = 0.02
 PROBE_BUDGET = 0.02
 PROBE_LEN = 2
+K_MIN, K_MAX = 1 / 16, 16.0  # a k sample's range: one odd round moves k a bounded factor
+K_PRIOR_WEIGHT = 1.0  # samples behind the prior k = 1 (the profile as measured)
+CAL_MIN_GAP = 32  # rounds between two calibration rounds (plain rounds while speculating)
+CAL_REFRESH = 512  # rounds after which a batch size's plain time is measured again
 
 
 @dataclass(frozen=True)
@@ -82,6 +102,10 @@ class CostModel:
             return 1.0
         return 1.0 + self.draft + (self.slope_0 + self.slope_per_req * bs) * (draft_len - 1)
 
+    def scaled(self, k: float) -> CostModel:
+        """The model whose speculative overhead cost - 1 is k times this one's."""
+        return CostModel(k * self.draft, k * self.slope_0, k * self.slope_per_req)
+
 
 COSTS = {
     "cpu-bf16": CostModel(draft=0.35, slope_0=0.05, slope_per_req=0.0065),
@@ -90,10 +114,12 @@ COSTS = {
 DEFAULT_COST = COSTS["cpu-bf16"]
 
 
-def cost_model(device: str, dtype: str) -> tuple[str, CostModel]:
+def cost_model(device: str, dtype: str, override: str | None = None) -> tuple[str, CostModel]:
     """(profile name, constants) for a target on `device` ("cpu" / "cuda") in `dtype`
-    ("float32", "bfloat16", ...); env DOMINO_COST=DRAFT,SLOPE_0,SLOPE_PER_REQ overrides."""
-    override = os.environ.get("DOMINO_COST")
+    ("float32", "bfloat16", ...); `override` (default: env DOMINO_COST) =
+    "DRAFT,SLOPE_0,SLOPE_PER_REQ" replaces the profile."""
+    if override is None:
+        override = os.environ.get("DOMINO_COST")
     if override is not None:
         parts = override.split(",")
         try:
@@ -161,23 +187,79 @@ class AcceptanceStats:
         self.judged = self.decay * self.judged + judged
 
 
+def bs_bucket(bs: int) -> int:
+    """The batch sizes sharing a plain-round time: exact up to 8, then 4 buckets per octave
+    (8, 10, 12, 14, 16, 20, ...)."""
+    if bs <= 8:
+        return bs
+    shift = bs.bit_length() - 3
+    return (bs >> shift) << shift
+
+
+@dataclass
+class CostCalibration:
+    """k, how many times the profile's speculative overhead this machine really pays, learned
+    from round times (module docstring, "Calibration")."""
+
+    decay: float = 0.98  # per k sample (a window of ~50 samples)
+    plain_decay: float = 0.8  # per plain-round sample of a bucket
+    log_k_sum: float = 0.0
+    k_weight: float = 0.0
+    plain: dict[int, float] = field(default_factory=dict)  # bucket -> seconds per plain round
+    plain_at: dict[int, int] = field(default_factory=dict)  # bucket -> round of its last sample
+    rounds: int = 0  # timed rounds so far
+
+    @property
+    def scale(self) -> float:
+        return math.exp(self.log_k_sum / (self.k_weight + K_PRIOR_WEIGHT))  # prior: log 1 = 0
+
+    def observe(self, bs: int, draft_len: int, seconds: float, cost: CostModel) -> None:
+        """A round of bs requests verifying draft_len tokens took `seconds` (start to start)."""
+        self.rounds += 1
+        bucket = bs_bucket(bs)
+        old = self.plain.get(bucket)
+        if draft_len <= 1:
+            if old is not None:  # one outlier (a GC pause) moves the mean a bounded step
+                seconds = min(max(seconds, 0.5 * old), 2.0 * old)
+                seconds = self.plain_decay * old + (1.0 - self.plain_decay) * seconds
+            self.plain[bucket], self.plain_at[bucket] = seconds, self.rounds
+            return
+        overhead = cost(bs, draft_len) - 1.0
+        if old is None or overhead <= 0.0:
+            return
+        sample = min(max((seconds / old - 1.0) / overhead, K_MIN), K_MAX)
+        self.log_k_sum = self.decay * self.log_k_sum + math.log(sample)
+        self.k_weight = self.decay * self.k_weight + 1.0
+
+    def needs_plain(self, bs: int) -> bool:
+        """Whether a speculating server should time a plain round at this batch size: rounds
+        are being timed and the bucket's plain time is missing or CAL_REFRESH rounds old."""
+        at = self.plain_at.get(bs_bucket(bs))
+        return self.rounds > 0 and (at is None or self.rounds - at >= CAL_REFRESH)
+
+
 class SpeculationPolicy:
     """Chooses each round's draft length; `enabled=False` always returns the full block."""
 
     def __init__(self, block: int, enabled: bool = True, stats: AcceptanceStats | None = None,
-                 cost: CostModel = DEFAULT_COST):
+                 cost: CostModel = DEFAULT_COST, calibrate: bool = True):
         self.block = block
         self.enabled = enabled
         self.stats = stats or AcceptanceStats()
         self.cost = cost
+        self.calibration = CostCalibration() if calibrate else None
         self._plain_rounds = 0
+        self._rounds = 0
+        self._calibrated_at = -CAL_MIN_GAP  # round of the last calibration round
 
     @classmethod
     def from_env(cls, block: int, cost: CostModel = DEFAULT_COST) -> SpeculationPolicy:
         """DOMINO_ADAPTIVE=0: the full block every round; DOMINO_DRAFT_LEN=L (1..B): L every
         round (for measuring the cost model, benchmarks/round_cost.py); L0,L1,..: a pattern
-        cycled by committed length (tests)."""
-        policy = cls(block, enabled=os.environ.get("DOMINO_ADAPTIVE", "1") != "0", cost=cost)
+        cycled by committed length (tests); DOMINO_CALIBRATE=0: the profile's costs as they are
+        (no calibration from round times)."""
+        policy = cls(block, enabled=os.environ.get("DOMINO_ADAPTIVE", "1") != "0", cost=cost,
+                     calibrate=os.environ.get("DOMINO_CALIBRATE", "1") != "0")
         pinned = os.environ.get("DOMINO_DRAFT_LEN")
         if pinned is not None:
             lens = pinned.split(",")
@@ -201,16 +283,35 @@ class SpeculationPolicy:
             return self.pinned[committed % len(self.pinned)]
         if not self.enabled:
             return self.block
-        chosen = choose_draft_len(bs, self.stats.alpha, self.block, cost=self.cost)
+        self._rounds += 1
+        cost = self.effective_cost
+        chosen = choose_draft_len(bs, self.stats.alpha, self.block, cost=cost)
         if chosen > 1:
             self._plain_rounds = 0
+            if (self.calibration is not None and self.calibration.needs_plain(bs)
+                    and self._rounds - self._calibrated_at >= CAL_MIN_GAP):
+                self._calibrated_at = self._rounds
+                return 1  # calibration round: time a plain round at this batch size
             return chosen
         self._plain_rounds += 1
-        interval = probe_interval(bs, self.block, self.cost)
+        interval = probe_interval(bs, self.block, cost)
         if interval is not None and self._plain_rounds >= interval:
             self._plain_rounds = 0
             return min(PROBE_LEN, self.block)  # probe: measure the drafter again, cheaply
         return 1
+
+    @property
+    def effective_cost(self) -> CostModel:
+        """The profile with its speculative overhead scaled by the calibrated k."""
+        if self.calibration is None:
+            return self.cost
+        return self.cost.scaled(self.calibration.scale)
+
+    def observe_time(self, bs: int, draft_len: int, seconds: float) -> None:
+        """A round of bs requests verifying draft_len tokens took `seconds`, from its start to
+        the next round's start (the worker drops a round followed by a prefill)."""
+        if self.calibration is not None and self.enabled and self.pinned is None:
+            self.calibration.observe(bs, draft_len, seconds, self.cost)
 
     def observe(self, accept_lens: list[int], draft_len: int) -> None:
         """accept_lens: a + 1 per request of a round that verified draft_len tokens."""

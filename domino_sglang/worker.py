@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import torch
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
@@ -122,6 +123,9 @@ class DominoWorker(BaseSpecWorker):
                                    str(self.model_runner.dtype))
         self.policy = SpeculationPolicy.from_env(self.block_size, cost)  # DOMINO_ADAPTIVE=0: fixed
         self._plain_decode: bool | None = None  # see plain_decode_forward
+        # (bs, L, start) of the last decode round, timed at the next one's start (calibration)
+        self._last_round: tuple[int, int, float] | None = None
+        self._logged_scale = (1.0, 0.0)  # (k, time) last logged
         logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s, "
                     "policy %s (cost profile %s: %s)", self.block_size, conf.num_layers,
                     list(conf.target_layer_ids), self.candidate_pool or "full vocabulary",
@@ -181,6 +185,7 @@ class DominoWorker(BaseSpecWorker):
     def prefill(self, batch, on_publish) -> GenerationBatchResult:
         """Target prefill with the drafter's target layers captured; their projected K/V go into
         the draft KV cache at the prompt tokens' slots (no draft forward over the prompt)."""
+        self._last_round = None  # the decode round before this prefill is not timed
         out = self._target_worker.forward_batch_generation(
             batch, capture_hidden_mode=CaptureHiddenMode.FULL)
         out.new_seq_lens = batch.seq_lens
@@ -217,6 +222,7 @@ class DominoWorker(BaseSpecWorker):
         """
         draft_input = batch.spec_info
         bs, seeds = len(batch.seq_lens), self.seeds(batch)
+        started = self.time_last_round()
         # per row, not SamplingBatchInfo.is_all_greedy: filter_batch never recomputes that flag
         greedy_rows = batch.sampling_info.top_ks <= 1  # [bs], SGLang's own greedy test
         sampled = not bool(greedy_rows.all())
@@ -289,6 +295,7 @@ class DominoWorker(BaseSpecWorker):
         if self.policy.enabled:  # capped rows gain nothing from L: they do not vote
             keep = uncapped if capped is None else uncapped[~capped]
             self.policy.observe(keep.tolist(), block)
+        self._last_round = (bs, block, started)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=tokens.reshape(-1),
@@ -316,6 +323,30 @@ class DominoWorker(BaseSpecWorker):
             z, chain[:, 0], self.head, self.candidate_pool, use_head=self.use_head,
             return_base_pick=True)
         return base_pick
+
+    def time_last_round(self) -> float:
+        """Now; and the previous decode round's cost, start to start, to the policy's cost
+        calibration (policy.py). The scheduler runs rounds synchronously (no overlap), so
+        on any device this wall time is what the round cost, its output processing included."""
+        now = time.perf_counter()
+        if self._last_round is not None:
+            bs, block, started = self._last_round
+            self.policy.observe_time(bs, block, now - started)
+            self.report_cost_scale(now)
+        return now
+
+    def report_cost_scale(self, now: float) -> None:
+        """Export the calibrated k; log it when it moved by 10 % (at most once a minute)."""
+        calibration = self.policy.calibration
+        if calibration is None or not self.policy.enabled:
+            return
+        k = calibration.scale
+        self.metrics.record_cost_scale(k)
+        logged, at = self._logged_scale
+        if abs(k - logged) > 0.1 * logged and now - at > 60.0:
+            self._logged_scale = (k, now)
+            logger.info("DOMINO cost calibration: this machine pays %.2fx the profile's "
+                        "speculative overhead (%d rounds timed)", k, calibration.rounds)
 
     def record_fallbacks(self, bs: int, block: int, capped: torch.Tensor | None) -> None:
         """Request-rounds decoded without speculation, by reason: `one_token_requests` (capped

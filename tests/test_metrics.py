@@ -45,6 +45,9 @@ def test_record_round_counts():
                                 {"model_name": "m", "position": "4"}) == 0.0
     assert reg.get_sample_value("domino_fallback_requests_total",
                                 {"model_name": "m", "reason": "adaptive_policy"}) == 0.0
+    assert value(reg, "domino_cost_scale") == 1.0  # the profile as measured, until calibrated
+    m.record_cost_scale(0.74)
+    assert value(reg, "domino_cost_scale") == 0.74
     rounds = [[1, 3, 5], [2, 2], [5]]
     for accept in rounds:
         clock = RoundClock(cuda=False)

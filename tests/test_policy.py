@@ -8,11 +8,16 @@ from pathlib import Path
 import pytest
 
 from domino_sglang.policy import (
+    CAL_MIN_GAP,
     COSTS,
+    K_MAX,
+    K_PRIOR_WEIGHT,
     PROBE_LEN,
     AcceptanceStats,
+    CostCalibration,
     CostModel,
     SpeculationPolicy,
+    bs_bucket,
     choose_draft_len,
     cost_model,
     expected_tokens,
@@ -173,3 +178,121 @@ def test_pinned_draft_len(monkeypatch):
         monkeypatch.setenv("DOMINO_DRAFT_LEN", bad)
         with pytest.raises(ValueError, match="must be an integer in 1..16 .* list"):
             SpeculationPolicy.from_env(B)
+
+
+# ---- calibration of the cost profile from round times ----
+FP32 = COSTS["cpu-fp32"]
+STEP = 0.08  # seconds of a plain round at every bs, in the simulated machines below
+
+
+def fixed_alpha(alpha: float) -> AcceptanceStats:
+    return AcceptanceStats(prior_alpha=alpha, prior_weight=1e12)  # rounds do not move it
+
+
+def run(policy: SpeculationPolicy, true_cost: CostModel, bs: int, rounds: int,
+        jitter: float = 0.0) -> list[int]:
+    """Serve `rounds` rounds on a machine whose rounds take STEP * true_cost(bs, L) seconds
+    (times alternately jitter % slow and fast); the draft lengths chosen."""
+    chosen = []
+    for i in range(rounds):
+        draft_len = policy.draft_len(bs)
+        seconds = STEP * true_cost(bs, draft_len) * (1 + jitter * (-1) ** i)
+        policy.observe_time(bs, draft_len, seconds)
+        chosen.append(draft_len)
+    return chosen
+
+
+def test_scaled_cost_scales_the_speculative_overhead():
+    for k in (0.5, 1.0, 2.5):
+        for bs, draft_len in ((1, 2), (4, 16), (32, 7)):
+            assert FP32.scaled(k)(bs, draft_len) - 1 == pytest.approx(k * (FP32(bs, draft_len) - 1))
+        assert FP32.scaled(k)(8, 1) == 1.0
+
+
+def test_bs_buckets():
+    assert [bs_bucket(b) for b in (1, 2, 7, 8, 9, 10, 15, 16, 19, 20, 31, 33, 48)] == [
+        1, 2, 7, 8, 8, 10, 14, 16, 16, 20, 28, 32, 48]
+
+
+def test_calibration_learns_the_machines_overhead():
+    cal = CostCalibration()
+    assert cal.scale == 1.0 and not cal.needs_plain(4)  # nothing timed: the profile as is
+    cal.observe(4, 8, STEP * 3, FP32)  # no plain time at bs 4 yet: no sample of k
+    assert cal.scale == 1.0 and cal.needs_plain(4)
+    cal.observe(4, 1, STEP, FP32)
+    assert not cal.needs_plain(4) and cal.needs_plain(16)
+    truth = FP32.scaled(2.0)  # this machine pays twice the profiled overhead
+    for i in range(60):
+        draft_len = 2 + i % 15
+        cal.observe(4, draft_len, STEP * truth(4, draft_len), FP32)
+    assert cal.scale == pytest.approx(2.0, rel=0.05)
+    # bs 5 has no plain time of its own (exact buckets up to 8): its rounds teach nothing
+    before = cal.scale
+    cal.observe(5, 8, STEP * 100, FP32)
+    assert cal.scale == before
+    # a single absurd round moves k by a bounded step (its sample is clipped to K_MAX)
+    cal.observe(4, 2, STEP * 1000, FP32)
+    bound = before * K_MAX ** (1 / (cal.k_weight + K_PRIOR_WEIGHT))
+    assert before < cal.scale <= bound < 1.1 * before
+    # a GC pause in a plain round moves the plain time by at most 2x's share
+    cal.observe(4, 1, STEP * 50, FP32)
+    assert cal.plain[4] == pytest.approx(STEP * (0.8 + 0.2 * 2))
+
+
+def test_wrong_profile_is_corrected_by_round_times():
+    # a profile that calls speculation nearly free, on a machine where it costs what the fp32
+    # profile says: uncalibrated, a weak drafter (alpha 0.3) speculates every round and loses
+    cheap = CostModel(0.05, 0.005, 0.0)
+    assert choose_draft_len(1, 0.3, B, cost=cheap) > 1
+    assert choose_draft_len(1, 0.3, B, cost=FP32) == 1
+    fixed = SpeculationPolicy(B, stats=fixed_alpha(0.3), cost=cheap, calibrate=False)
+    assert set(run(fixed, FP32, 1, 200)) == {choose_draft_len(1, 0.3, B, cost=cheap)}
+    policy = SpeculationPolicy(B, stats=fixed_alpha(0.3), cost=cheap)
+    chosen = run(policy, FP32, 1, 400, jitter=0.1)
+    # the first timed speculative round asks for a plain one; k then grows to FP32's overhead
+    assert chosen[1] == 1
+    # what the probes (L = 2) measure: (FP32(1, 2) - 1) / (cheap(1, 2) - 1) = 13.1, noisy here
+    # (+-10 % round times: +-30 % samples; their geometric mean sits lower)
+    k = (FP32(1, PROBE_LEN) - 1) / (cheap(1, PROBE_LEN) - 1)
+    assert 0.6 * k < policy.calibration.scale < 1.2 * k
+    tail = chosen[-100:]
+    assert tail.count(1) >= 95  # plain decoding, probes aside
+    assert set(tail) <= {1, PROBE_LEN}
+
+
+def test_calibration_lets_an_overcautious_profile_speculate():
+    # the fp32 profile on a machine whose speculation costs half of it (the AVX2 EPYC's L = 2 is
+    # 1.53 steps vs the profile's 1.72): alpha 0.5 at bs 1 pays there, and is found by probes
+    truth = FP32.scaled(0.5)
+    assert choose_draft_len(1, 0.5, B, cost=FP32) == 1
+    assert choose_draft_len(1, 0.5, B, cost=truth) > 1
+    policy = SpeculationPolicy(B, stats=fixed_alpha(0.5), cost=FP32)
+    chosen = run(policy, truth, 1, 2000)
+    assert policy.calibration.scale == pytest.approx(0.5, rel=0.05)
+    tail = chosen[-200:]
+    usual = max(set(tail), key=tail.count)
+    best = choose_draft_len(1, 0.5, B, cost=truth)
+    assert expected_tokens(0.5, usual) / truth(1, usual) >= 0.99 * (
+        expected_tokens(0.5, best) / truth(1, best))
+    assert tail.count(1) <= 2  # calibration rounds: one per CAL_REFRESH rounds
+
+
+def test_calibration_rounds_are_rare_and_switchable(monkeypatch):
+    policy = SpeculationPolicy(B, stats=fixed_alpha(0.9), cost=FP32)  # a good drafter
+    chosen = run(policy, FP32, 8, 10 * CAL_MIN_GAP)
+    assert chosen[0] > 1 and chosen[1] == 1  # bs 8 has no plain time: measure one
+    assert chosen.count(1) == 1  # then none until the bucket's time is CAL_REFRESH rounds old
+    chosen = []
+    for bs in range(9, 30):  # each round a new batch size: calibration rounds stay spaced
+        chosen += run(policy, FP32, bs, 4)
+    plain = [i for i, n in enumerate(chosen) if n == 1]
+    assert all(b - a >= CAL_MIN_GAP for a, b in zip(plain, plain[1:]))
+    assert policy.calibration.scale == pytest.approx(1.0, rel=0.02)  # the profile is right
+    monkeypatch.setenv("DOMINO_CALIBRATE", "0")
+    off = SpeculationPolicy.from_env(B, cost=FP32)
+    assert off.calibration is None
+    off.observe_time(1, 1, STEP)
+    off.observe_time(1, 2, 100 * STEP)
+    assert off.effective_cost == FP32
+    monkeypatch.setenv("DOMINO_CALIBRATE", "1")
+    assert SpeculationPolicy.from_env(B, cost=FP32).calibration is not None
