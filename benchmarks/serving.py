@@ -87,10 +87,12 @@ def one_request(url: str, prompt: str, max_tokens: int, temperature: float = 0.0
 
 
 def counters(url: str) -> dict[str, float]:
-    """Sum of each `sglang:` counter over its label sets, from /metrics."""
+    """Sum of each `sglang:` counter over its label sets, from /metrics (and DOMINO's gauge
+    `domino_cost_scale`, the adaptive policy's calibrated k)."""
     out: dict[str, float] = {}
     for line in requests.get(f"{url}/metrics", timeout=30).text.splitlines():
-        if line.startswith("sglang:") and "_total" in line.split(" ")[0]:
+        if ((line.startswith("sglang:") and "_total" in line.split(" ")[0])
+                or line.startswith("domino_cost_scale")):
             name = line.split("{")[0].split(" ")[0]
             out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
@@ -113,6 +115,8 @@ def run_point(url: str, prompts: list[str], concurrency: int, max_tokens: int,
         # SGLang's convention: output tokens / verify calls, the prefill's first token included
         # (all-plain decoding of n tokens per request scores n / (n - 1), e.g. 1.016 at 64)
         "tau": round(tokens / rounds, 3) if rounds > 0 else None,
+        "cost_scale": (round(after["domino_cost_scale"], 3) if "domino_cost_scale" in after
+                       else None),  # k after the point (policy.CostCalibration)
         "texts": [r["text"] for r in results],
         "concurrency": concurrency,
         "requests": len(results),

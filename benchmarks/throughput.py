@@ -7,8 +7,10 @@ one point to the next, so the machine's drift (this shared CPU's speed wanders b
 of minutes) hits all methods alike. Each measurement streams `2 x concurrency` (at least 8) chat
 completions of exactly `--max-tokens` tokens (ignore_eos). Reported per point:
 output tokens/s, TTFT p50, mean inter-token latency, tau (committed tokens per verify round, from
-sglang:spec_verify_calls_total) and the speed-up over AR at the same point. "fixed" verifies the
-whole block every round (DOMINO_ADAPTIVE=0); "adaptive" lets policy.py pick the draft length.
+sglang:spec_verify_calls_total), k (the adaptive policy's calibrated cost scale after the point,
+`domino_cost_scale`; 1 = the profile as measured) and the speed-up over AR at the same point.
+"fixed" verifies the whole block every round (DOMINO_ADAPTIVE=0); "adaptive" lets policy.py pick
+the draft length.
 Output: benchmarks/results/<out>.json, .md (command, machine, revision, date) and .png.
 
     python benchmarks/throughput.py --concurrency 1 2 4 8 16 32 --max-tokens 64
@@ -173,11 +175,12 @@ def main() -> None:
     lines = [f"## Throughput sweep ({args.max_tokens} output tokens, ignore_eos, {args.dtype}"
              f"{median})", "", provenance.markdown_header(prov), f"{cost}- drafter: `{drafter}`",
              "",
-             "| temperature | concurrency | method | output tok/s | vs AR | tau | TTFT p50 (s) "
-             "| ITL mean (ms) | runs (tok/s) |", "|---|---|---|---|---|---|---|---|---|"]
+             "| temperature | concurrency | method | output tok/s | vs AR | tau | k | TTFT p50 (s) "
+             "| ITL mean (ms) | runs (tok/s) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["temperature"], r["concurrency"])):
         lines.append(f"| {r['temperature']} | {r['concurrency']} | {r['method']} | "
                      f"{r['output_tok_s']} | {r.get('speedup_vs_ar', '')} | {r['tau'] or ''} | "
+                     f"{r.get('cost_scale') or ''} | "
                      f"{r['ttft_p50_s']} | {r['itl_mean_ms']} | "
                      f"{' / '.join(map(str, r['runs_tok_s']))} |")
     for m in args.methods:

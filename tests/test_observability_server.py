@@ -119,9 +119,13 @@ def test_domino_counters_equal_per_request_stats(server, tokenizer):
     n = delta(after, before, "domino_draft_seconds_count")
     assert n > 0 and delta(after, before, "domino_verify_seconds_count") == n
     assert delta(after, before, "domino_draft_seconds_sum") > 0
+    # the adaptive policy timed its rounds (a calibration round at bs 1, then speculative
+    # ones) and moved its cost scale off the profile's 1 (policy.CostCalibration)
+    k = after[("domino_cost_scale", "")]
+    assert k != 1.0 and 1 / 16 <= k <= 16
     tau = (accepted + rounds) / rounds
     print(f"\n{len(stats)} requests: {rounds} rounds, {accepted} accepted drafts, tau {tau:.2f}, "
-          f"head overrides right {right:.0f} / wrong {wrong:.0f}")
+          f"head overrides right {right:.0f} / wrong {wrong:.0f}, cost scale k {k:.2f}")
 
 
 def test_headless_locust_run(server, tmp_path):
