@@ -53,19 +53,23 @@ spaced so probes cost at most PROBE_BUDGET of the plain rounds' time:
 and never when even a perfect drafter (alpha = 1) could not beat plain decoding at this bs.
 
 Calibration (`CostCalibration`): a profile measured on one CPU is off on another (an AVX2-only
-EPYC ran L = 2 at 1.53 plain steps where the cpu-fp32 profile says 1.72; the Xeon-fitted one
-underestimated bs 16 on the AVX512 EPYC), and a GPU has no profile. So the server scales the
-profile's speculative overhead by k, learned from its own round times:
+EPYC ran L = 2 at 1.53 plain steps where the cpu-fp32 profile says 1.72), a linear fit is off at
+some batch sizes even where it was fitted (above), and a GPU has no profile. So the server
+scales the profile's speculative overhead by k, learned from its own round times:
     cost_k(bs, L) = 1 + k * (cost(bs, L) - 1)
     sample of k  = (t(bs, L) / t_plain(bs) - 1) / (cost(bs, L) - 1)     from a round of L > 1
 where t is the wall time from one decode round's start to the next's (what a round really costs:
-the scheduler's own work included; a prefill in between voids the sample) and t_plain(bs) a running
-mean of the plain rounds' times at that batch size (bucketed: exact to 8, then 4 per octave).
-k is a forgetting geometric mean of its samples (each clipped to [K_MIN, K_MAX], so one round
-slowed by a GC pause moves k by at most a factor K_MAX^(1/weight)) with a prior k = 1 worth
-K_PRIOR_WEIGHT sample. A plainly decoding server learns k from its probes; a speculating one
-runs a plain round (a calibration round) when its batch size has no fresh plain time, at most one
-every CAL_MIN_GAP rounds. DOMINO_CALIBRATE=0 keeps k = 1 (the profile as measured).
+the scheduler's own work included; a prefill in between voids the sample) and t_plain(bs) the
+low median of the last PLAIN_WINDOW plain rounds' times at that batch size (bucketed: exact to
+8, then 4 per octave; used once it has PLAIN_MIN, so a first round's one-off set-up cost does
+not count). k is the median of the last K_WINDOW samples and the prior 1 (the profile as
+measured), clamped to [K_MIN, K_MAX]. A median, not a mean: on a noisy machine t / t_plain - 1
+of a cheap round can come out near 0 or negative, and a GC pause makes one huge; neither moves
+a median much. One k serves every batch size: where the profile's error depends on bs (the fp32
+fit: over at bs 1, under at bs 16), the window makes k follow the current load. A plainly
+decoding server learns k from its probes; a speculating one runs a plain round (a calibration
+round) when its batch size has too few or no fresh plain times, at most one every CAL_MIN_GAP
+rounds. DOMINO_CALIBRATE=0 keeps k = 1 (the profile as measured).
 
 Switches: env DOMINO_ADAPTIVE=0 verifies the full block every round (fixed block);
 DOMINO_DRAFT_LEN=L pins L (measurement); DOMINO_DRAFT_LEN=L0,L1,.. cycles a pattern by the
@@ -78,13 +82,16 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 MARGIN = 0.02
 PROBE_BUDGET = 0.02
 PROBE_LEN = 2
-K_MIN, K_MAX = 1 / 16, 16.0  # a k sample's range: one odd round moves k a bounded factor
-K_PRIOR_WEIGHT = 1.0  # samples behind the prior k = 1 (the profile as measured)
+K_MIN, K_MAX = 1 / 16, 16.0  # the range of k
+K_WINDOW = 31  # k samples kept: k is their median (and the prior 1's)
+PLAIN_WINDOW, PLAIN_MIN = 5, 3  # plain-round times kept per bucket; needed before use
 CAL_MIN_GAP = 32  # rounds between two calibration rounds (plain rounds while speculating)
 CAL_REFRESH = 512  # rounds after which a batch size's plain time is measured again
 
@@ -201,41 +208,43 @@ class CostCalibration:
     """k, how many times the profile's speculative overhead this machine really pays, learned
     from round times (module docstring, "Calibration")."""
 
-    decay: float = 0.98  # per k sample (a window of ~50 samples)
-    plain_decay: float = 0.8  # per plain-round sample of a bucket
-    log_k_sum: float = 0.0
-    k_weight: float = 0.0
-    plain: dict[int, float] = field(default_factory=dict)  # bucket -> seconds per plain round
-    plain_at: dict[int, int] = field(default_factory=dict)  # bucket -> round of its last sample
+    samples: deque = field(default_factory=lambda: deque(maxlen=K_WINDOW))  # of k
+    plain: dict[int, deque] = field(default_factory=dict)  # bucket -> last plain-round seconds
+    plain_at: dict[int, int] = field(default_factory=dict)  # bucket -> round of its last one
     rounds: int = 0  # timed rounds so far
 
     @property
     def scale(self) -> float:
-        return math.exp(self.log_k_sum / (self.k_weight + K_PRIOR_WEIGHT))  # prior: log 1 = 0
+        """The median of the k samples and the prior 1, within [K_MIN, K_MAX]."""
+        return min(max(statistics.median([1.0, *self.samples]), K_MIN), K_MAX)
+
+    def plain_time(self, bs: int) -> float | None:
+        """Seconds of a plain round at this batch size: the low median of the bucket's last
+        PLAIN_WINDOW plain rounds, once it has PLAIN_MIN (None before)."""
+        times = self.plain.get(bs_bucket(bs))
+        if times is None or len(times) < PLAIN_MIN:
+            return None
+        return statistics.median_low(times)
 
     def observe(self, bs: int, draft_len: int, seconds: float, cost: CostModel) -> None:
         """A round of bs requests verifying draft_len tokens took `seconds` (start to start)."""
         self.rounds += 1
         bucket = bs_bucket(bs)
-        old = self.plain.get(bucket)
         if draft_len <= 1:
-            if old is not None:  # one outlier (a GC pause) moves the mean a bounded step
-                seconds = min(max(seconds, 0.5 * old), 2.0 * old)
-                seconds = self.plain_decay * old + (1.0 - self.plain_decay) * seconds
-            self.plain[bucket], self.plain_at[bucket] = seconds, self.rounds
+            self.plain.setdefault(bucket, deque(maxlen=PLAIN_WINDOW)).append(seconds)
+            self.plain_at[bucket] = self.rounds
             return
-        overhead = cost(bs, draft_len) - 1.0
-        if old is None or overhead <= 0.0:
-            return
-        sample = min(max((seconds / old - 1.0) / overhead, K_MIN), K_MAX)
-        self.log_k_sum = self.decay * self.log_k_sum + math.log(sample)
-        self.k_weight = self.decay * self.k_weight + 1.0
+        plain, overhead = self.plain_time(bs), cost(bs, draft_len) - 1.0
+        if plain is not None and overhead > 0.0:
+            self.samples.append((seconds / plain - 1.0) / overhead)
 
     def needs_plain(self, bs: int) -> bool:
         """Whether a speculating server should time a plain round at this batch size: rounds
-        are being timed and the bucket's plain time is missing or CAL_REFRESH rounds old."""
+        are being timed and the bucket has fewer than PLAIN_MIN plain times or its last is
+        CAL_REFRESH rounds old."""
         at = self.plain_at.get(bs_bucket(bs))
-        return self.rounds > 0 and (at is None or self.rounds - at >= CAL_REFRESH)
+        return self.rounds > 0 and (self.plain_time(bs) is None or at is None
+                                    or self.rounds - at >= CAL_REFRESH)
 
 
 class SpeculationPolicy:
