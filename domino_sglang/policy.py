@@ -42,13 +42,13 @@ decoding (ratio 1) by MARGIN. Since L = 1 is always a candidate, the model never
 against plain decoding at any batch size, and the choice moves smoothly (no threshold cliff).
 
 alpha is a running estimate (`AcceptanceStats`): the truncated-geometric MLE accepted / judged
-over recent rounds, with exponential forgetting and a prior. The prior (alpha 0.7, worth 8
-judged drafts) is optimistic on purpose: a new server speculates at low load on every profile
-and learns the drafter's real alpha from real rounds within a few rounds; a prior that started
-it plain (0.5 on the fp32 profile) would leave a good drafter to be found only by the sparse
-probes below (one judged draft per request per probe). While the policy decodes plainly it
-probes the drafter with the cheapest speculative round (L = 2, which measures alpha directly),
-spaced so probes cost at most PROBE_BUDGET of the plain rounds' time:
+over recent rounds, with exponential forgetting and a prior that is forgotten the same way. The
+prior (alpha 0.7, worth 8 judged drafts) is optimistic on purpose: a new server speculates at
+low load on every profile and learns the drafter's real alpha from real rounds within a few
+rounds; a prior that started it plain (0.5 on the fp32 profile) would leave a good drafter to be
+found only by the sparse probes below (one judged draft per request per probe). While the
+policy decodes plainly it probes the drafter with the cheapest speculative round (L = 2, which
+measures alpha directly), spaced so probes cost at most PROBE_BUDGET of the plain rounds' time:
     probe every ceil((cost(bs, 2) - 1) / PROBE_BUDGET) plain rounds,
 and never when even a perfect drafter (alpha = 1) could not beat plain decoding at this bs.
 
@@ -174,7 +174,10 @@ def probe_interval(bs: int, block: int, cost: CostModel = DEFAULT_COST) -> int |
 
 @dataclass
 class AcceptanceStats:
-    """Running per-draft acceptance rate alpha = accepted / judged, forgetting old rounds."""
+    """Running per-draft acceptance rate alpha = accepted / judged, forgetting old rounds. The
+    prior enters as pseudo-counts that are forgotten like any round (after 60 rounds it weighs
+    5 %): a prior added afresh at every read kept a weak drafter's alpha at 0.36 instead of 0.25
+    at bs 1 (where a round judges ~1 draft), enough to make it speculate at a loss."""
 
     prior_alpha: float = 0.7  # optimistic: a new server tries its drafter first (see above)
     prior_weight: float = 8.0  # pseudo-judged drafts behind the prior
@@ -182,10 +185,15 @@ class AcceptanceStats:
     accepted: float = 0.0
     judged: float = 0.0
 
+    def __post_init__(self) -> None:
+        self.accepted += self.prior_alpha * self.prior_weight
+        self.judged += self.prior_weight
+
     @property
     def alpha(self) -> float:
-        return ((self.accepted + self.prior_alpha * self.prior_weight)
-                / (self.judged + self.prior_weight))
+        if self.judged < 1e-9:  # no prior and nothing judged yet (or forgotten)
+            return self.prior_alpha
+        return self.accepted / self.judged
 
     def update(self, accepted: int, judged: int) -> None:
         """One round: `accepted` drafts kept over `judged` drafts compared (a request with

@@ -324,3 +324,14 @@ def test_calibration_rounds_are_rare_and_switchable(monkeypatch):
     assert off.effective_cost == FP32
     monkeypatch.setenv("DOMINO_CALIBRATE", "1")
     assert SpeculationPolicy.from_env(B, cost=FP32).calibration is not None
+
+
+def test_the_prior_is_forgotten_at_low_load():
+    # bs 1, probes of L = 2: one judged draft per round, a drafter right 1 time in 4. A prior
+    # re-added at every read (8 pseudo-drafts at 0.7 against ~20 forgotten-weighted real ones)
+    # read 0.38 here; forgotten like any round, it leaves the drafter's own rate
+    policy = SpeculationPolicy(B)
+    assert policy.stats.alpha == 0.7
+    for i in range(200):
+        policy.observe([2 if i % 4 == 0 else 1], PROBE_LEN)
+    assert policy.stats.alpha == pytest.approx(0.25, abs=0.05)
