@@ -48,8 +48,13 @@ def chat_ids(tokenizer):
 
 @pytest.fixture(scope="session")
 def ar_server_fp32(target_path):
+    """The reference every lossless test compares with: plain decoding, float32, with SGLang's
+    synchronous scheduler. The overlap scheduler feeds penalizers `output_ids[-1]` one token late,
+    so only the synchronous one is exact plain decoding for penalized requests (greedy outputs
+    are the same under both); custom logit processors are enabled for the tests that send them."""
     server = start_server("ar-fp32", ["--no-speculation", "--dtype", "float32",
-                                      "--max-total-tokens", "16384"])
+                                      "--max-total-tokens", "16384"],
+                          ["--disable-overlap-schedule", "--enable-custom-logit-processor"])
     yield server
     server.stop()
 

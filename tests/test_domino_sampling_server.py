@@ -1,11 +1,13 @@
-"""DOMINO sampling inside the real SGLang server on CPU (one float32 server for the module).
+"""DOMINO's accepted blocks and sampling inside the real SGLang server on CPU (one float32
+server for the module, fixed block).
 
 Drafter: the constructed repeat drafter (tests/drafters.py), block 4. It is accepted on a
 repetitive prompt and wrong almost everywhere else, so one server exercises both the rejection /
-recovery path and multi-token commits at temperature > 0.
-Reference for greedy requests: transformers' fp32 greedy decoding, which equals SGLang's own
-plain (AR) fp32 decoding token for token (tests/test_parity_transformers.py); using it keeps a
-single SGLang server alive at a time.
+recovery path and multi-token commits, greedy (max_tokens, stop strings, logprobs and counters
+inside an accepted block) and at temperature > 0.
+References: the session's plain-decoding server (`ar_server_fp32`, synchronous scheduler) and,
+for the mixed batch, transformers' fp32 greedy decoding, which equals SGLang's own plain fp32
+decoding token for token (tests/test_parity_transformers.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,74 @@ def generate(server, ids, params, **fields):
     }, timeout=600)
     r.raise_for_status()
     return r.json()
+
+
+def verify_calls(server) -> float:
+    """sglang:spec_verify_calls_total from /metrics, summed over its label sets."""
+    total = 0.0
+    for line in requests.get(f"{server.url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("sglang:spec_verify_calls_total"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def greedy(srv, ids, max_new_tokens):
+    return generate(srv, ids, {"temperature": 0, "max_new_tokens": max_new_tokens})
+
+
+def test_constructed_drafter_is_accepted_and_counted(server, ar_server_fp32, tokenizer):
+    """Greedy rounds that commit whole blocks: max_tokens, a stop string and logprobs inside an
+    accepted block, and SGLang's own speculative counters (the server's fixed block: this test is
+    about what such a round does; whether the adaptive policy would speculate on this drafter is
+    test_policy's business)."""
+    ids = tokenizer(REPEAT_PROMPT).input_ids
+    ref = greedy(ar_server_fp32, ids, 40)["output_ids"]
+    cat = tokenizer(" cat").input_ids[0]
+    assert ref[:20] == [cat] * 20  # the target itself repeats " cat"
+    rounds_before = verify_calls(server)
+    out = greedy(server, ids, 40)
+    # max_tokens inside an accepted block: exactly 10 tokens, though rounds commit 4 at a time
+    cut = greedy(server, ids, 10)
+    # a stop string inside an accepted block: nothing after it is returned
+    stopped = requests.post(f"{server.url}/generate", json={"input_ids": ids,
+                            "sampling_params": {"temperature": 0, "max_new_tokens": 40,
+                                                "stop": [" cat cat cat"]}}, timeout=600).json()
+    lp_body = {"input_ids": ids, "return_logprob": True, "top_logprobs_num": 3,
+               "sampling_params": {"temperature": 0, "max_new_tokens": 12}}
+    logprobs = requests.post(f"{server.url}/generate", json=lp_body, timeout=600).json()
+    lp_ref = requests.post(f"{ar_server_fp32.url}/generate", json=lp_body,
+                           timeout=600).json()["meta_info"]
+    other = greedy(server, tokenizer("Explain photosynthesis briefly.").input_ids, 24)
+    other_ref = greedy(ar_server_fp32, tokenizer("Explain photosynthesis briefly.").input_ids, 24)
+    rounds = verify_calls(server) - rounds_before
+    # SGLang's own speculative series counts DOMINO's rounds exactly (per-request sum).
+    sent = [out, cut, stopped, logprobs, other]
+    assert rounds == sum(r["meta_info"]["spec_verify_ct"] for r in sent) > 0
+    assert out["output_ids"] == ref
+    assert cut["output_ids"] == ref[:10] and cut["meta_info"]["finish_reason"]["type"] == "length"
+    # The stop string completes inside the first accepted 4-token block; nothing from it or
+    # after it comes back, and generation ends there.
+    assert stopped["text"] == "" and stopped["meta_info"]["finish_reason"]["type"] == "stop"
+    assert stopped["meta_info"]["completion_tokens"] <= 4
+    # logprobs of tokens committed inside accepted blocks (chain rows of the verify pass) are
+    # plain decoding's: the token's and the top-3, ids equal and values within float noise
+    lp = logprobs["meta_info"]["output_token_logprobs"]
+    assert [t for _, t, _ in lp] == ref[:12] and all(v <= 0 for v, _, _ in lp)
+    assert [v for v, _, _ in lp] == pytest.approx(
+        [v for v, _, _ in lp_ref["output_token_logprobs"]], abs=1e-3)
+    top, top_ref = logprobs["meta_info"]["output_top_logprobs"], lp_ref["output_top_logprobs"]
+    # (the best id exactly; the 2nd / 3rd may swap places on a near-tie between fp32 kernels)
+    assert [row[0][1] for row in top] == [row[0][1] for row in top_ref] == ref[:12]
+    assert [sorted(v for v, _, _ in row) for row in top] == [
+        pytest.approx(sorted(v for v, _, _ in row), abs=1e-3) for row in top_ref]
+    assert other["output_ids"] == other_ref["output_ids"]
+    meta = out["meta_info"]
+    tau = meta["completion_tokens"] / meta["spec_verify_ct"]
+    print(f"\nrepeat drafter: tau {tau:.2f} on the repetitive prompt "
+          f"({meta['completion_tokens']} tokens in {meta['spec_verify_ct']} rounds)")
+    assert tau > 1.5
+    # A 4-token block commits at most 4 tokens per round.
+    assert meta["spec_verify_ct"] >= meta["completion_tokens"] / 4
 
 
 def test_mixed_batch_greedy_exact_and_seeds(server, target_path, chat_ids, tokenizer):
@@ -138,12 +208,14 @@ def test_json_schema_requests_return_valid_json(server, tokenizer):
         assert set(obj) == {"name", "age"} and isinstance(obj["age"], int), out["text"]
 
 
-def test_history_dependent_requests_equal_plain_decoding(server, chat_ids, tokenizer):
+def test_history_dependent_requests_equal_plain_decoding(server, ar_server_fp32, chat_ids,
+                                                          tokenizer):
     """Requests whose logits depend on their own output so far (frequency / presence /
     repetition penalties, min_new_tokens, a custom logit processor reading the request's
     output_ids) and a value-reading custom processor beside a logit bias, greedy, in one batch
     with an unpenalized request: each output equals SGLang's plain decoding token for token.
-    Reference: plain decoding with the synchronous scheduler. SGLang's default overlap scheduler
+    Reference: plain decoding with the synchronous scheduler (`ar_server_fp32`). SGLang's default
+    overlap scheduler
     feeds the penalizers `output_ids[-1]` before the previous step's token is appended (one
     token late, the first token twice: its own relaxation), so its penalized outputs differ
     from exact plain decoding (on the repeat prompt from the 5th token). The penalizers see only
@@ -178,11 +250,8 @@ def test_history_dependent_requests_equal_plain_decoding(server, chat_ids, token
 
     domino = run(server)
     plain = {"temperature": 0, "max_new_tokens": 32}
-    with start_server("ar-sync", ["--no-speculation", "--dtype", "float32",
-                                  "--max-total-tokens", "16384"],
-                      ["--disable-overlap-schedule", "--enable-custom-logit-processor"]) as ar_sync:
-        ar = run(ar_sync)
-        unpenalized = [generate(ar_sync, ids, plain)["output_ids"] for ids in (repeat, short)]
+    ar = run(ar_server_fp32)
+    unpenalized = [generate(ar_server_fp32, ids, plain)["output_ids"] for ids in (repeat, short)]
     assert [o["output_ids"] for o in domino] == [o["output_ids"] for o in ar]
     # the penalties and processors matter on these prompts (else the comparison proves nothing)
     assert unpenalized[0] != ar[0]["output_ids"]

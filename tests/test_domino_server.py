@@ -1,9 +1,9 @@
 """DOMINO inside the real SGLang server on CPU: lossless greedy output, acceptance counted right.
 
 Reference = the same target served WITHOUT speculation (float32, `ar_server_fp32`). A randomly
-initialised drafter exercises every accept length (mostly 1); the constructed repeat drafter
-(tests/drafters.py) is accepted on a repetitive prompt, proving the accept/commit path counts
-and commits multi-token rounds correctly.
+initialised drafter exercises every accept length (mostly 1), at block 16 and, with chunked
+prefill, block 4. Multi-token commits (the constructed repeat drafter, accepted on a repetitive
+prompt) are tested in test_domino_sampling_server.py, on that module's server.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import requests
 
 from domino_sglang.local_server import sse_chunks, start_server
 from tests.conftest import PROMPTS
-from tests.drafters import make_random_drafter, make_repeat_drafter
+from tests.drafters import make_random_drafter
 
 pytestmark = pytest.mark.server
 NEW_TOKENS = 32
@@ -104,74 +104,3 @@ def test_lossless_greedy(request, server_name, chat_ids, reference):
     for m in meta:
         per_request_tau = m["completion_tokens"] / m["spec_verify_ct"]
         assert m["spec_accept_length"] == pytest.approx(per_request_tau)
-
-
-REPEAT_PROMPT = "Repeat the word cat ten times: cat cat cat cat"
-
-
-def verify_calls(server) -> float:
-    """sglang:spec_verify_calls_total from /metrics, summed over its label sets."""
-    total = 0.0
-    for line in requests.get(f"{server.url}/metrics", timeout=30).text.splitlines():
-        if line.startswith("sglang:spec_verify_calls_total"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-def test_constructed_drafter_is_accepted_and_counted(target_path, tmp_path, ar_server_fp32,
-                                                     tokenizer):
-    ids = tokenizer(REPEAT_PROMPT).input_ids
-    ref = generate(ar_server_fp32, ids, 40)["output_ids"]
-    cat = tokenizer(" cat").input_ids[0]
-    assert ref[:20] == [cat] * 20  # the target itself repeats " cat"
-    drafter = make_repeat_drafter(target_path, tmp_path / "repeat4", block_size=4)
-    # Fixed block: this test is about what a round that commits a whole block does (max_tokens,
-    # stop strings, logprobs, counters inside it); whether the adaptive policy would speculate
-    # on this drafter (good only on repetitions, bad on SGLang's warm-up request) is
-    # test_policy's business.
-    with _domino("domino-repeat", drafter, env={"DOMINO_ADAPTIVE": "0"}) as server:
-        rounds_before = verify_calls(server)
-        out = generate(server, ids, 40)
-        # max_tokens inside an accepted block: exactly 10 tokens, though rounds commit 4 at a time
-        cut = generate(server, ids, 10)
-        # a stop string inside an accepted block: nothing after it is returned
-        stopped = requests.post(f"{server.url}/generate", json={"input_ids": ids,
-                                "sampling_params": {"temperature": 0, "max_new_tokens": 40,
-                                                    "stop": [" cat cat cat"]}}, timeout=600).json()
-        lp_body = {"input_ids": ids, "return_logprob": True, "top_logprobs_num": 3,
-                   "sampling_params": {"temperature": 0, "max_new_tokens": 12}}
-        logprobs = requests.post(f"{server.url}/generate", json=lp_body, timeout=600).json()
-        lp_ref = requests.post(f"{ar_server_fp32.url}/generate", json=lp_body,
-                               timeout=600).json()["meta_info"]
-        other = generate(server, tokenizer("Explain photosynthesis briefly.").input_ids, 24)
-        other_ref = generate(ar_server_fp32, tokenizer("Explain photosynthesis briefly.").input_ids,
-                             24)
-        rounds = verify_calls(server) - rounds_before
-    # SGLang's own speculative series counts DOMINO's rounds exactly (per-request sum).
-    sent = [out, cut, stopped, logprobs, other]
-    assert rounds == sum(r["meta_info"]["spec_verify_ct"] for r in sent) > 0
-    assert out["output_ids"] == ref
-    assert cut["output_ids"] == ref[:10] and cut["meta_info"]["finish_reason"]["type"] == "length"
-    # The stop string completes inside the first accepted 4-token block; nothing from it or
-    # after it comes back, and generation ends there.
-    assert stopped["text"] == "" and stopped["meta_info"]["finish_reason"]["type"] == "stop"
-    assert stopped["meta_info"]["completion_tokens"] <= 4
-    # logprobs of tokens committed inside accepted blocks (chain rows of the verify pass) are
-    # plain decoding's: the token's and the top-3, ids equal and values within float noise
-    lp = logprobs["meta_info"]["output_token_logprobs"]
-    assert [t for _, t, _ in lp] == ref[:12] and all(v <= 0 for v, _, _ in lp)
-    assert [v for v, _, _ in lp] == pytest.approx(
-        [v for v, _, _ in lp_ref["output_token_logprobs"]], abs=1e-3)
-    top, top_ref = logprobs["meta_info"]["output_top_logprobs"], lp_ref["output_top_logprobs"]
-    # (the best id exactly; the 2nd / 3rd may swap places on a near-tie between fp32 kernels)
-    assert [row[0][1] for row in top] == [row[0][1] for row in top_ref] == ref[:12]
-    assert [sorted(v for v, _, _ in row) for row in top] == [
-        pytest.approx(sorted(v for v, _, _ in row), abs=1e-3) for row in top_ref]
-    assert other["output_ids"] == other_ref["output_ids"]
-    meta = out["meta_info"]
-    tau = meta["completion_tokens"] / meta["spec_verify_ct"]
-    print(f"\nrepeat drafter: tau {tau:.2f} on the repetitive prompt "
-          f"({meta['completion_tokens']} tokens in {meta['spec_verify_ct']} rounds)")
-    assert tau > 1.5
-    # A 4-token block commits at most 4 tokens per round.
-    assert meta["spec_verify_ct"] >= meta["completion_tokens"] / 4
