@@ -146,9 +146,8 @@ class DominoMetrics:
 
         self.cost_scale = Gauge(
             PREFIX + "cost_scale",
-            "Calibrated k at the last round's batch size: how many times the cost profile's "
-            "speculative overhead this server's rounds really take (policy.py; 1 = as "
-            "profiled).", names, registry=registry,
+            "Calibrated k: how many times the cost profile's speculative overhead this server's "
+            "rounds really take (policy.py; 1 = as profiled).", names, registry=registry,
             multiprocess_mode="mostrecent")
 
         # Children created up front so every series exists (at 0) from the first scrape.
@@ -224,8 +223,7 @@ class DominoMetrics:
             self._verify_time.observe(spans[1])
 
     def record_cost_scale(self, k: float) -> None:
-        """The adaptive policy's calibrated cost scale k at the last round's batch size
-        (policy.CostCalibration)."""
+        """The adaptive policy's calibrated cost scale k (policy.CostCalibration)."""
         if self.enabled:
             self._cost_scale.set(k)
 

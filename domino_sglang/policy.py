@@ -62,18 +62,14 @@ where t is the wall time from one decode round's start to the next's (what a rou
 the scheduler's own work included; a prefill in between voids the sample) and t_plain(bs) the
 low median of the last PLAIN_WINDOW plain rounds' times at that batch size (bucketed: exact to
 8, then 4 per octave; used once it has PLAIN_MIN, so a first round's one-off set-up cost does
-not count). k(bs) is the median of the prior 1 (the profile as measured) and the last K_WINDOW
-samples from rounds of the same octave of batch sizes (1, 2-3, 4-7, 8-15, 16-31, ...), once that
-octave has K_LOCAL_MIN of them; before, the median of the last K_WINDOW samples at any batch
-size. Clamped to [K_MIN, K_MAX]. Per octave because the profile's error depends on bs: the
-linear form cannot follow a draft pass whose cost, in plain steps, shrinks as the batch grows
-(bf16 on the AMD EPYC: L = 2 at 1.31 plain steps at bs 1 but 1.04 at bs 16, where the profile
-says 1.41 and 1.50), and the fp32 fit is over at bs 1 and under at bs 16. A median, not a mean:
-on a noisy machine t / t_plain - 1 of a cheap round can come out near 0 or negative, and a GC
-pause makes one huge; neither moves a median much. A plainly decoding server learns k from its
-probes; a speculating one runs a plain round (a calibration round) when its batch size has too
-few or no fresh plain times, at most one every CAL_MIN_GAP rounds. DOMINO_CALIBRATE=0 keeps
-k = 1 (the profile as measured).
+not count). k is the median of the last K_WINDOW samples and the prior 1 (the profile as
+measured), clamped to [K_MIN, K_MAX]. A median, not a mean: on a noisy machine t / t_plain - 1
+of a cheap round can come out near 0 or negative, and a GC pause makes one huge; neither moves
+a median much. One k serves every batch size: where the profile's error depends on bs (the fp32
+fit: over at bs 1, under at bs 16), the window makes k follow the current load. A plainly
+decoding server learns k from its probes; a speculating one runs a plain round (a calibration
+round) when its batch size has too few or no fresh plain times, at most one every CAL_MIN_GAP
+rounds. DOMINO_CALIBRATE=0 keeps k = 1 (the profile as measured).
 
 Switches: env DOMINO_ADAPTIVE=0 verifies the full block every round (fixed block);
 DOMINO_DRAFT_LEN=L pins L (measurement); DOMINO_DRAFT_LEN=L0,L1,.. cycles a pattern by the
@@ -94,8 +90,7 @@ MARGIN = 0.02
 PROBE_BUDGET = 0.02
 PROBE_LEN = 2
 K_MIN, K_MAX = 1 / 16, 16.0  # the range of k
-K_WINDOW = 31  # k samples kept (per octave, and overall): k is their median (and the prior 1's)
-K_LOCAL_MIN = 5  # samples an octave of batch sizes needs before its own k is used
+K_WINDOW = 31  # k samples kept: k is their median (and the prior 1's)
 PLAIN_WINDOW, PLAIN_MIN = 5, 3  # plain-round times kept per bucket; needed before use
 CAL_MIN_GAP = 32  # rounds between two calibration rounds (plain rounds while speculating)
 CAL_REFRESH = 512  # rounds after which a batch size's plain time is measured again
@@ -216,38 +211,20 @@ def bs_bucket(bs: int) -> int:
     return (bs >> shift) << shift
 
 
-def bs_octave(bs: int) -> int:
-    """The batch sizes sharing a calibrated k: 1 | 2-3 | 4-7 | 8-15 | 16-31 | ..."""
-    return bs.bit_length()
-
-
-def _median_k(samples) -> float:
-    return min(max(statistics.median([1.0, *samples]), K_MIN), K_MAX)
-
-
 @dataclass
 class CostCalibration:
-    """k(bs), how many times the profile's speculative overhead this machine really pays at
-    batch size bs, learned from round times (module docstring, "Calibration")."""
+    """k, how many times the profile's speculative overhead this machine really pays, learned
+    from round times (module docstring, "Calibration")."""
 
-    samples: deque = field(default_factory=lambda: deque(maxlen=K_WINDOW))  # of k, any bs
-    by_octave: dict[int, deque] = field(default_factory=dict)  # bs_octave -> its k samples
+    samples: deque = field(default_factory=lambda: deque(maxlen=K_WINDOW))  # of k
     plain: dict[int, deque] = field(default_factory=dict)  # bucket -> last plain-round seconds
     plain_at: dict[int, int] = field(default_factory=dict)  # bucket -> round of its last one
     rounds: int = 0  # timed rounds so far
 
     @property
     def scale(self) -> float:
-        """k over every batch size: the median of the last k samples and the prior 1, within
-        [K_MIN, K_MAX]."""
-        return _median_k(self.samples)
-
-    def scale_at(self, bs: int) -> float:
-        """k at batch size bs: its octave's own once it has K_LOCAL_MIN samples, else `scale`."""
-        local = self.by_octave.get(bs_octave(bs))
-        if local is not None and len(local) >= K_LOCAL_MIN:
-            return _median_k(local)
-        return self.scale
+        """The median of the k samples and the prior 1, within [K_MIN, K_MAX]."""
+        return min(max(statistics.median([1.0, *self.samples]), K_MIN), K_MAX)
 
     def plain_time(self, bs: int) -> float | None:
         """Seconds of a plain round at this batch size: the low median of the bucket's last
@@ -267,9 +244,7 @@ class CostCalibration:
             return
         plain, overhead = self.plain_time(bs), cost(bs, draft_len) - 1.0
         if plain is not None and overhead > 0.0:
-            k = (seconds / plain - 1.0) / overhead
-            self.samples.append(k)
-            self.by_octave.setdefault(bs_octave(bs), deque(maxlen=K_WINDOW)).append(k)
+            self.samples.append((seconds / plain - 1.0) / overhead)
 
     def needs_plain(self, bs: int) -> bool:
         """Whether a speculating server should time a plain round at this batch size: rounds
@@ -326,7 +301,7 @@ class SpeculationPolicy:
         if not self.enabled:
             return self.block
         self._rounds += 1
-        cost = self.effective_cost(bs)
+        cost = self.effective_cost
         chosen = choose_draft_len(bs, self.stats.alpha, self.block, cost=cost)
         if chosen > 1:
             self._plain_rounds = 0
@@ -342,11 +317,12 @@ class SpeculationPolicy:
             return min(PROBE_LEN, self.block)  # probe: measure the drafter again, cheaply
         return 1
 
-    def effective_cost(self, bs: int) -> CostModel:
-        """The profile with its speculative overhead scaled by the k calibrated at bs."""
+    @property
+    def effective_cost(self) -> CostModel:
+        """The profile with its speculative overhead scaled by the calibrated k."""
         if self.calibration is None:
             return self.cost
-        return self.cost.scaled(self.calibration.scale_at(bs))
+        return self.cost.scaled(self.calibration.scale)
 
     def observe_time(self, bs: int, draft_len: int, seconds: float) -> None:
         """A round of bs requests verifying draft_len tokens took `seconds`, from its start to

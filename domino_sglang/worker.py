@@ -332,23 +332,21 @@ class DominoWorker(BaseSpecWorker):
         if self._last_round is not None:
             bs, block, started = self._last_round
             self.policy.observe_time(bs, block, now - started)
-            self.report_cost_scale(bs, now)
+            self.report_cost_scale(now)
         return now
 
-    def report_cost_scale(self, bs: int, now: float) -> None:
-        """Export the k calibrated at the last round's batch size; log it when it moved by
-        10 % (at most once a minute)."""
+    def report_cost_scale(self, now: float) -> None:
+        """Export the calibrated k; log it when it moved by 10 % (at most once a minute)."""
         calibration = self.policy.calibration
         if calibration is None or not self.policy.enabled:
             return
-        k = calibration.scale_at(bs)
+        k = calibration.scale
         self.metrics.record_cost_scale(k)
         logged, at = self._logged_scale
         if abs(k - logged) > 0.1 * logged and now - at > 60.0:
             self._logged_scale = (k, now)
             logger.info("DOMINO cost calibration: this machine pays %.2fx the profile's "
-                        "speculative overhead at batch size %d (%d rounds timed)", k, bs,
-                        calibration.rounds)
+                        "speculative overhead (%d rounds timed)", k, calibration.rounds)
 
     def record_fallbacks(self, bs: int, block: int, capped: torch.Tensor | None) -> None:
         """Request-rounds decoded without speculation, by reason: `one_token_requests` (capped
