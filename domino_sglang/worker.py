@@ -50,6 +50,7 @@ from domino_sglang.config import (
     load_draft_config,
     load_draft_weights,
 )
+from domino_sglang.context import DeferredContext
 from domino_sglang.cpu import linear as cpu_linear
 from domino_sglang.metrics import DominoMetrics, head_change_outcomes
 from domino_sglang.model import sglang_draft_model_class
@@ -126,6 +127,8 @@ class DominoWorker(BaseSpecWorker):
         # (bs, L, start) of the last decode round, timed at the next one's start (calibration)
         self._last_round: tuple[int, int, float] | None = None
         self._logged_scale = (1.0, 0.0)  # (k, time) last logged
+        # plain rounds' draft-context writes, batched until a draft pass needs them (context.py)
+        self.context = DeferredContext(self.write_draft_context)
         logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s, "
                     "policy %s (cost profile %s: %s)", self.block_size, conf.num_layers,
                     list(conf.target_layer_ids), self.candidate_pool or "full vocabulary",
@@ -160,7 +163,8 @@ class DominoWorker(BaseSpecWorker):
         self._draft_worker.init_cuda_graphs(capture_decode_cuda_graph=False)
 
     def clear_cache_pool(self):
-        pass  # the draft KV shares the target's allocator: nothing of its own to clear
+        # the draft KV shares the target's allocator; only held context rows are ours
+        self.context.clear()
 
     @property
     def plain_decode_forward(self) -> bool:
@@ -186,6 +190,7 @@ class DominoWorker(BaseSpecWorker):
         """Target prefill with the drafter's target layers captured; their projected K/V go into
         the draft KV cache at the prompt tokens' slots (no draft forward over the prompt)."""
         self._last_round = None  # the decode round before this prefill is not timed
+        self.context.flush()  # before any freed slot is reused or a cached prefix is read
         out = self._target_worker.forward_batch_generation(
             batch, capture_hidden_mode=CaptureHiddenMode.FULL)
         out.new_seq_lens = batch.seq_lens
@@ -216,7 +221,8 @@ class DominoWorker(BaseSpecWorker):
           4. accept:  greedy: a = longest k with d_1..d_k == y_0..y_{k-1}; commit y_0..y_a
                       sampled: exact rejection sampling (verify.py); either way a + 1 tokens
           5. commit:  seq_len += a + 1; the target features of the committed tokens enter the
-                      draft KV cache, so the next block sees them as context
+                      draft KV cache, so the next block sees them as context (a plain round's
+                      are held and written in one batch before the next draft pass)
         The adaptive policy (policy.py) verifies only the first L <= B chain tokens; L = 1 is a
         plain decoding round (no draft pass; the target's DECODE forward over [x_t]).
         """
@@ -243,6 +249,7 @@ class DominoWorker(BaseSpecWorker):
         else:
             block = self.policy.draft_len(bs, committed)
         self.record_fallbacks(bs, block, capped)
+        self.context.before_round(tuple(r.rid for r in batch.reqs), speculative=block > 1)
         prefix_lens = batch.seq_lens  # committed tokens (x_t, the bonus, is not among them)
         chain = torch.full((bs, self.block_size), self.conf.mask_token_id, dtype=torch.int64,
                            device=self.device)
@@ -284,8 +291,12 @@ class DominoWorker(BaseSpecWorker):
         if on_publish is not None:
             on_publish(new_seq_lens)
         # Features of every chain position are written; only the accepted ones (< new_seq_len)
-        # are ever read, the rest are overwritten by the next block at the same slots.
-        self.write_draft_context(hidden, positions, slots)
+        # are ever read, the rest are overwritten by the next block at the same slots. A plain
+        # round's wait for the next draft pass (context.py).
+        if block == 1:
+            self.context.defer(hidden, positions, slots)
+        else:
+            self.write_draft_context(hidden, positions, slots)
         logits_output.hidden_states = None
         bonus = tokens.gather(1, (accept_lens - 1)[:, None]).squeeze(1)
         if self.metrics.enabled:
