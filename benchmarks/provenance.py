@@ -66,7 +66,7 @@ def markdown_header(prov: dict) -> str:
         f"- command: `{prov['command']}`",
         f"- machine: {prov['machine']}",
         f"- revision: {prov['revision']} (torch {prov['torch']}, sglang {prov['sglang']})"
-        + (f"; ar-base served from {prov['base_tree_revision']}"
+        + (f"; the `-base` methods served from {prov['base_tree_revision']}"
            if "base_tree_revision" in prov else ""),
         f"- date: {prov['date_utc']} UTC",
     ])
