@@ -1,14 +1,21 @@
-"""Compare drafters offline on regenerated records none of them trained on (no server).
+"""Compare drafters offline on target answers none of them trained on.
 
 For each drafter folder: `tau_rollout` (the served greedy rollout over 16 random anchors per
 record, head on / backbone only; `trainer.rollout_tau`) and the exact served-equivalent replay
 of each whole answer with a fixed block (`trainer.replay_rounds`: generated tokens / verify
-rounds, what a DOMINO server would report for that answer), target features in float32.
+rounds, what a DOMINO server would report for that answer).
+
+Records are either regenerated ShareGPT answers in an id range (no server):
 
     python benchmarks/compare_drafters.py --min-id 1391 --max-id 1426 \
         /tmp/drafter_stage2 domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
-Pick the id range from the stages' recipes (`max_id`, held-out = the last `eval_records`).
+(pick the range from the stages' recipes: `max_id`, held-out = the last `eval_records`), or the
+target's greedy answers to evaluation-set prompts (never training data), generated once through
+a plain server (`--url`, or one started here) and cached next to the training data:
+
+    python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
+        --max-tokens 128 /tmp/new_drafter domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from pathlib import Path
 import torch
 
 from domino_sglang.config import load_draft_config
+from domino_sglang.cpu.dtype import default_cpu_dtype
 from domino_sglang.model import DominoDrafter
 from domino_sglang.paths import target_dir
 from domino_sglang.train.trainer import (
@@ -38,31 +46,73 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("drafters", nargs="+", type=Path)
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    ap.add_argument("--min-id", type=int, required=True)
-    ap.add_argument("--max-id", type=int, required=True)
+    ap.add_argument("--min-id", type=int, default=0)
+    ap.add_argument("--max-id", type=int, default=None, help="required without --eval-set")
+    ap.add_argument("--eval-set", nargs="+", default=[], metavar="SET",
+                    help="evaluation prompt sets (mtbench, humaneval, gsm8k) instead of --data")
+    ap.add_argument("--limit", type=int, default=20, help="--eval-set: first N prompts per set")
+    ap.add_argument("--max-tokens", type=int, default=128, help="--eval-set: answer length")
+    ap.add_argument("--url", default=None, help="--eval-set: a running plain server")
+    ap.add_argument("--feature-dtype", default=None,
+                    help="target features (default: float32 for --data, the serving dtype "
+                         "for --eval-set)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     conf = TrainConfig(data=str(args.data), out="-")  # anchors / max_seq_len as in training
-    records = [r for r in load_records(args.data, conf.max_seq_len, args.max_id)
-               if r["id"] >= args.min_id]
-    if not records:
-        raise SystemExit(f"compare_drafters: no records with ids {args.min_id}..{args.max_id} "
-                         f"in {args.data}")
-    print(f"{len(records)} records: ids {[r['id'] for r in records]}")
+    if args.eval_set:
+        sets = {s: eval_records(s, args.limit, args.max_tokens, args.url, conf.max_seq_len)
+                for s in args.eval_set}
+        dtype = args.feature_dtype or default_cpu_dtype()
+    else:
+        if args.max_id is None:
+            raise SystemExit("compare_drafters: --max-id is required without --eval-set")
+        records = [r for r in load_records(args.data, conf.max_seq_len, args.max_id)
+                   if r["id"] >= args.min_id]
+        if not records:
+            raise SystemExit(f"compare_drafters: no records with ids {args.min_id}.."
+                             f"{args.max_id} in {args.data}")
+        print(f"{len(records)} records: ids {[r['id'] for r in records]}")
+        sets = {"sharegpt": records}
+        dtype = args.feature_dtype or "float32"
     feats = None
     for folder in args.drafters:
         dconf = load_draft_config(folder)
         if feats is None:
-            feats = TargetFeatures(target_dir(), list(dconf.target_layer_ids), torch.float32)
+            feats = TargetFeatures(target_dir(), list(dconf.target_layer_ids),
+                                   getattr(torch, dtype))
         drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).eval()
         module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
-        taus = rollout_tau(module, feats, records, conf)
-        rounds = [replay_rounds(module, feats, r) for r in records]
-        generated = sum(len(r["ids"]) - r["start"] for r in records)
-        print(folder, json.dumps({**{k: round(v, 3) for k, v in taus.items()},
-                                  "tau_replay": round(generated / sum(rounds), 3),
-                                  "rounds": rounds}))
+        for name, records in sets.items():
+            taus = rollout_tau(module, feats, records, conf)
+            rounds = [replay_rounds(module, feats, r) for r in records]
+            generated = sum(len(r["ids"]) - r["start"] for r in records)
+            print(folder, name, json.dumps({**{k: round(v, 3) for k, v in taus.items()},
+                                            "tau_replay": round(generated / sum(rounds), 3),
+                                            "rounds": rounds}), flush=True)
+
+
+def eval_records(name: str, limit: int, max_tokens: int, url: str | None, max_seq_len: int
+                 ) -> list[dict]:
+    """The target's greedy answers to the first `limit` prompts of an evaluation set, as
+    training-style records (cached: ~/.cache/domino_sglang/data/eval-NAME-greedyN.jsonl)."""
+    from transformers import AutoTokenizer
+
+    from domino_sglang import data
+    from domino_sglang.local_server import start_server
+    from domino_sglang.train.regenerate import RegenConfig, chat_prompt_ids, regenerate
+
+    tok = AutoTokenizer.from_pretrained(str(target_dir()))
+    items = [(i, chat_prompt_ids(tok, p)) for i, p in enumerate(data.load(name, limit))]
+    out = DEFAULT_DATA.parent / f"eval-{name}-greedy{max_tokens}.jsonl"
+    conf = RegenConfig(max_new_tokens=max_tokens, concurrency=min(32, len(items)))
+    if url:
+        regenerate(url.rstrip("/"), items, out, conf, progress=False)
+    else:
+        serve = ["--no-speculation", "--model-path", str(target_dir())]
+        with start_server("compare_drafters", serve, []) as server:
+            regenerate(server.url, items, out, conf, progress=False)
+    return [r for r in load_records(out, max_seq_len) if r["id"] < limit]
 
 
 if __name__ == "__main__":

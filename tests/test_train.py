@@ -15,6 +15,7 @@ from domino_sglang.train.trainer import (
     TrainConfigError,
     load_train_config,
     sample_anchors,
+    sample_block_anchors,
     step_records,
     train,
 )
@@ -176,6 +177,10 @@ def test_config_errors_name_the_key(tmp_path):
         load_train_config(None, {"data": "d", "out": "o", "lambda_decay_frac": 2.0})
     with pytest.raises(TrainConfigError, match="'data' is required"):
         load_train_config(None, {"out": "o"})
+    with pytest.raises(TrainConfigError, match="'first_anchors' must be >= 0"):
+        load_train_config(None, {"data": "d", "out": "o", "first_anchors": -1})
+    with pytest.raises(TrainConfigError, match="'compute_dtype' must be bfloat16 or float32"):
+        load_train_config(None, {"data": "d", "out": "o", "compute_dtype": "float16"})
     bad = tmp_path / "recipe.toml"
     bad.write_text("steps = [")
     with pytest.raises(TrainConfigError, match="cannot read config"):
@@ -240,3 +245,49 @@ def test_rollout_tau_of_a_zero_head_equals_the_backbone(tmp_path):
         drafter.embed_proj[2].weight.zero_()
     zero = tr.rollout_tau(module, feats, records, conf)
     assert zero["tau_rollout_final"] == zero["tau_rollout_base"] == got["tau_rollout_base"]
+
+
+def test_first_draft_anchors_equal_blocks_with_later_labels_ignored(tmp_path):
+    """A first-draft-only anchor is exactly a full block whose labels after position 0 are
+    ignored: same loss (both curriculum terms), same gradient, one more position-0 sample."""
+    from domino_sglang.train import trainer as tr
+    from domino_sglang.train.curriculum import IGNORE
+
+    conf = load_train_config(None, tiny_overrides(tmp_path, steps=1))
+    train(conf, progress=False)
+    dconf = tr.load_draft_config(tmp_path / "run" / "drafter")
+    feats = tr.TargetFeatures(conf.target, list(dconf.target_layer_ids), torch.float32)
+    rec = tr.load_records(conf.data, conf.max_seq_len)[0]
+    ids = torch.tensor(rec["ids"])
+    full, first = sample_block_anchors(rec["start"], len(rec["ids"]), 3, 5,
+                                          torch.Generator().manual_seed(1))
+    assert len(full) == 3 and len(first) == 5 and not set(full) & set(first)
+    for lam in (1.0, 0.4):
+        grads = []
+        for variant in ("first", "masked"):
+            drafter = tr.DominoDrafter.from_pretrained(dconf)
+            module = tr.DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+            if variant == "first":
+                loss, st = module([(ids, feats(rec), full, first)], lam, conf.gamma)
+            else:
+                z, prev, lab = module._blocks(ids, feats(rec), full + first, conf.block_size)
+                lab[len(full):, 1:] = IGNORE
+                loss, st = block_loss(z, prev, lab, feats.lm_head_weight, drafter.prefix_gru,
+                                      drafter.embed_proj, lam, conf.gamma)
+            loss.backward()
+            grads.append(torch.cat([p.grad.flatten() for p in drafter.parameters()
+                                    if p.grad is not None]))
+            if variant == "first":
+                ref_loss, ref_valid = float(loss), st["valid"]
+        assert float(loss) == pytest.approx(ref_loss, rel=1e-5)
+        assert st["valid"] == ref_valid and st["valid"][0] == 8
+        assert grads[0].shape == grads[1].shape
+        err = (grads[0] - grads[1]).abs().max() / grads[1].abs().max()
+        assert err < 1e-5, (lam, float(err))
+
+
+def test_first_draft_anchors_without_extra_are_the_plain_sample():
+    for seed in range(5):
+        a = sample_anchors(3, 40, 6, torch.Generator().manual_seed(seed))
+        full, first = sample_block_anchors(3, 40, 6, 0, torch.Generator().manual_seed(seed))
+        assert full == a and first == []

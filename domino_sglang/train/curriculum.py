@@ -39,14 +39,21 @@ def position_weights(n: int, gamma: float, device=None) -> torch.Tensor:
     return torch.exp(-torch.arange(n, device=device, dtype=torch.float32) / gamma)
 
 
-def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
-                ) -> torch.Tensor:
-    """logits [N, P, V], labels [N, P] (IGNORE = masked), weights [P] -> scalar."""
+def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                extra: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """logits [N, P, V], labels [N, P] (IGNORE = masked), weights [P] -> scalar.
+
+    extra = (CE sum, count) of more position-0 samples (weight w_0 = 1), averaged in as if they
+    were rows of `logits` with only their first label.
+    """
     n, p, v = logits.shape
     ce = F.cross_entropy(logits.reshape(n * p, v).float(), labels.reshape(-1),
                          ignore_index=IGNORE, reduction="none").view(n, p)
     w = weights[None, :] * (labels != IGNORE)
-    return (ce * w).sum() / w.sum().clamp_min(1e-6)
+    total, count = (ce * w).sum(), w.sum()
+    if extra is not None:
+        total, count = total + extra[0], count + extra[1]
+    return total / count.clamp_min(1e-6)
 
 
 def head_correction(prefix_gru: nn.GRU, embed_proj: nn.Sequential, z: torch.Tensor,
@@ -62,22 +69,32 @@ def head_correction(prefix_gru: nn.GRU, embed_proj: nn.Sequential, z: torch.Tens
 
 def block_loss(z: torch.Tensor, prev_embeds: torch.Tensor, labels: torch.Tensor,
                lm_head_weight: torch.Tensor, prefix_gru: nn.GRU, embed_proj: nn.Sequential,
-               lam: float, gamma: float) -> tuple[torch.Tensor, dict]:
+               lam: float, gamma: float,
+               first: tuple[torch.Tensor, torch.Tensor] | None = None
+               ) -> tuple[torch.Tensor, dict]:
     """The curriculum loss of N blocks and its per-position accuracies.
 
     z [N, P, H] (P = B-1 label positions), prev_embeds [N, P, H], labels [N, P].
+    first = (z0 [M, H], y0 [M]): position 0 of M more blocks. final_0 = base_0 (the head never
+    corrects the first draft), so they enter both CE terms with weight w_0 = 1 and cost one
+    lm_head row each instead of P.
     Returns (loss, stats) with stats = base/final CE and per-position accuracy counts.
     """
     n, p, h = z.shape
     w = position_weights(p, gamma, z.device)
     base = F.linear(z.reshape(n * p, h), lm_head_weight).view(n, p, -1).float()  # [N, P, V]
-    ce_base = weighted_ce(base, labels, w)
+    extra = first_logits = None
+    if first is not None and first[1].numel():
+        first_logits = F.linear(first[0], lm_head_weight).float()  # [M, V]
+        extra = (F.cross_entropy(first_logits, first[1], ignore_index=IGNORE, reduction="sum"),
+                 (first[1] != IGNORE).sum())
+    ce_base = weighted_ce(base, labels, w, extra)
     if lam >= 1.0:
         final, ce_final, loss = base, ce_base, ce_base
     else:
         corr = head_correction(prefix_gru, embed_proj, z, prev_embeds).float()
         final = torch.cat((base[:, :1], base[:, 1:] + corr), dim=1)  # [N, P, V]
-        ce_final = weighted_ce(final, labels, w)
+        ce_final = weighted_ce(final, labels, w, extra)
         loss = (1.0 - lam) * ce_final + lam * ce_base
     valid = labels != IGNORE
     with torch.no_grad():
@@ -87,6 +104,11 @@ def block_loss(z: torch.Tensor, prev_embeds: torch.Tensor, labels: torch.Tensor,
             "correct_base": ((base.argmax(-1) == labels) & valid).sum(0).tolist(),
             "correct_final": ((final.argmax(-1) == labels) & valid).sum(0).tolist(),
         }
+        if first_logits is not None:  # position 0: base = final
+            hit = int(((first_logits.argmax(-1) == first[1]) & (first[1] != IGNORE)).sum())
+            stats["valid"][0] += int(extra[1])
+            stats["correct_base"][0] += hit
+            stats["correct_final"][0] += hit
     return loss, stats
 
 

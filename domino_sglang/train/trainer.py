@@ -49,6 +49,9 @@ class TrainConfig:
     steps: int = 1000
     batch_size: int = 2  # sequences per step per process
     anchors: int = 16  # blocks per sequence
+    first_anchors: int = 0  # more blocks per sequence trained on their first draft only (the
+    #                         backbone's position 0, which the head never corrects and which
+    #                         bounds tau): a full backbone pass, one lm_head row each
     max_seq_len: int = 768
     max_id: int = -1  # use only records with id <= max_id (-1: all): a stage's data stays fixed
     #                   while the regenerated file grows (ids are ShareGPT positions)
@@ -61,6 +64,7 @@ class TrainConfig:
     gamma: float = 7.0  # position weights exp(-k / gamma)
     feature_dtype: str = "bfloat16"  # the serving precision of the target
     feature_cache: bool = True
+    compute_dtype: str = "float32"  # "bfloat16": autocast the forward (fp32 master weights)
     eval_records: int = 8  # the last N records are held out for evaluation
     eval_every: int = 100
     log_every: int = 10
@@ -85,6 +89,11 @@ class TrainConfig:
                     f"train: '{key}' must be in [0, 1], got {getattr(self, key)}")
         if not 2 <= self.block_size <= 64:
             raise TrainConfigError(f"train: 'block_size' must be in 2..64, got {self.block_size}")
+        if self.first_anchors < 0:
+            raise TrainConfigError(f"train: 'first_anchors' must be >= 0, got {self.first_anchors}")
+        if self.compute_dtype not in ("bfloat16", "float32"):
+            raise TrainConfigError(f"train: 'compute_dtype' must be bfloat16 or float32, "
+                                   f"got {self.compute_dtype!r}")
         if self.feature_dtype not in ("bfloat16", "float16", "float32"):
             raise TrainConfigError(f"train: 'feature_dtype' must be bfloat16, float16 or float32, "
                                    f"got {self.feature_dtype!r}")
@@ -161,6 +170,16 @@ def sample_anchors(start: int, length: int, count: int, generator: torch.Generat
     return sorted(int(start + i) for i in pick)
 
 
+def sample_block_anchors(start: int, length: int, full: int, first: int,
+                         generator: torch.Generator) -> tuple[list[int], list[int]]:
+    """(full-block anchors, first-draft-only anchors): distinct, `full` of them chosen first so
+    a short response keeps its full blocks; with first = 0 exactly `sample_anchors`."""
+    choices = length - 1 - start
+    pick = torch.randperm(choices, generator=generator)[: min(full + first, choices)]
+    pick = [int(start + i) for i in pick]
+    return sorted(pick[:full]), sorted(pick[full:])
+
+
 class TargetFeatures:
     """The target's hidden states of the drafter's target layers, in the serving dtype.
 
@@ -214,21 +233,26 @@ class DrafterTrainModule(nn.Module):
         self.register_buffer("embed_weight", embed_weight, persistent=False)
         self.register_buffer("lm_head_weight", lm_head_weight, persistent=False)
 
-    def forward(self, items: list[tuple[torch.Tensor, torch.Tensor, list[int]]], lam: float,
-                gamma: float) -> tuple[torch.Tensor, dict]:
-        """items: (ids [T], features [T, K*H], anchors) per sequence."""
+    def forward(self, items: list[tuple], lam: float, gamma: float
+                ) -> tuple[torch.Tensor, dict]:
+        """items: (ids [T], features [T, K*H], anchors[, first-draft-only anchors]) per
+        sequence; all of a sequence's blocks are drafted in one backbone pass."""
         conf = self.drafter.conf
         B, P = conf.block_size, conf.block_size - 1
-        zs, prevs, labels = [], [], []
-        for ids, feats, anchors in items:
-            z, prev, lab = self._blocks(ids, feats, anchors, B)
-            zs.append(z)
-            prevs.append(prev)
-            labels.append(lab)
+        zs, prevs, labels, z0s, y0s = [], [], [], [], []
+        for ids, feats, anchors, *rest in items:
+            first = rest[0] if rest else []
+            z, prev, lab = self._blocks(ids, feats, list(anchors) + list(first), B)
+            n = len(anchors)
+            zs.append(z[:n])
+            prevs.append(prev[:n])
+            labels.append(lab[:n])
+            z0s.append(z[n:, 0])  # [m, H]
+            y0s.append(lab[n:, 0])  # [m]
         z, prev, lab = torch.cat(zs), torch.cat(prevs), torch.cat(labels)  # [N, P, ..]
         assert z.shape[1] == P
         return block_loss(z, prev, lab, self.lm_head_weight, self.drafter.prefix_gru,
-                          self.drafter.embed_proj, lam, gamma)
+                          self.drafter.embed_proj, lam, gamma, (torch.cat(z0s), torch.cat(y0s)))
 
     def _blocks(self, ids: torch.Tensor, feats: torch.Tensor, anchors: list[int], B: int):
         """Draft every block of one sequence in one backbone pass.
@@ -482,9 +506,12 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
         for idx in step_records(len(train_recs), step, conf.batch_size, rank, world, conf.seed):
             rec = train_recs[idx]
             g = torch.Generator().manual_seed(conf.seed * 1_000_003 + step * 7919 + rec["id"])
-            anchors = sample_anchors(rec["start"], len(rec["ids"]), conf.anchors, g)
-            items.append((torch.tensor(rec["ids"]), feats(rec), anchors))
-        loss, st = ddp(items, lam, conf.gamma)
+            anchors, first = sample_block_anchors(rec["start"], len(rec["ids"]), conf.anchors,
+                                                  conf.first_anchors, g)
+            items.append((torch.tensor(rec["ids"]), feats(rec), anchors, first))
+        with torch.autocast(next(drafter.parameters()).device.type, dtype=torch.bfloat16,
+                            enabled=conf.compute_dtype == "bfloat16"):
+            loss, st = ddp(items, lam, conf.gamma)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), conf.grad_clip)
