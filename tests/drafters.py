@@ -65,10 +65,11 @@ def make_repeat_drafter(target_dir: Path, out: Path, block_size: int = 4) -> Pat
     return out
 
 
-def make_eos_drafter(target_dir: Path, out: Path, block_size: int = 4) -> Path:
-    """A drafter that proposes EOS at every position, so a draft is accepted exactly when the
-    target itself ends the answer there: EOS lands INSIDE an accepted block and every token the
-    round commits after it must be dropped.
+def make_eos_drafter(target_dir: Path, out: Path, block_size: int = 4,
+                     token: int | None = None) -> Path:
+    """A drafter that proposes EOS (or `token`) at every position, so a draft is accepted exactly
+    when the target itself emits that token there: EOS (or a stop token) lands INSIDE an accepted
+    block and every token the round commits after it must be dropped.
 
     Construction: attention adds nothing (o_proj = 0); the MLP adds a large constant direction u
     to every position: gate = up = W, so silu(Wy) * (Wy) = g^2 sigmoid(g) >= 0 whatever the
@@ -77,7 +78,7 @@ def make_eos_drafter(target_dir: Path, out: Path, block_size: int = 4) -> Path:
     nearest neighbour, so a few perceptron steps move E_eos away from its nearest rivals). The
     head correction is zero (embed_proj.2 = 0), so every draft is EOS."""
     cfg, embed = _target(target_dir)  # embed [V, H]
-    eos = cfg["eos_token_id"]
+    eos = cfg["eos_token_id"] if token is None else token
     conf_dict = make_draft_config(cfg, num_layers=1, block_size=block_size)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(conf_dict))

@@ -1,10 +1,11 @@
-"""EOS inside an accepted block, under load: a drafter that proposes EOS at every position
-(tests/drafters.py:make_eos_drafter) is accepted exactly where the target ends its answer, so
-the round that commits EOS also commits tokens after it (later drafts or the bonus token), which
-must never reach the client. 32 concurrent greedy requests (short answers that end with EOS,
-long ones cut by max_tokens, half of them streamed) must equal plain decoding token for token.
+"""EOS (and a request's stop token) inside an accepted block, under load: a drafter that
+proposes EOS at every position (tests/drafters.py:make_eos_drafter) is accepted exactly where
+the target ends its answer, so the round that commits EOS also commits tokens after it (later
+drafts or the bonus token), which must never reach the client. 32 concurrent greedy requests
+(short answers that end with EOS, long ones cut by max_tokens, half of them streamed) must equal
+plain decoding token for token. The same drafter proposing '.' does this for stop_token_ids.
 
-Its own small server (fixed block, float32, B = 4); references from `ar_server_fp32`.
+Its own small servers (fixed block, float32, B = 4); references from `ar_server_fp32`.
 """
 
 from __future__ import annotations
@@ -56,11 +57,12 @@ def _jobs(tokenizer) -> list[tuple[list[int], int, bool]]:
     return jobs
 
 
-def _run(url: str, job: tuple[list[int], int, bool]) -> tuple[list[int], str]:
+def _run(url: str, job: tuple[list[int], int, bool], params: dict | None = None
+         ) -> tuple[list[int], str]:
     """(output ids, finish type) through /generate, streamed or not."""
     ids, max_new, stream = job
     body = {"input_ids": ids, "stream": stream,
-            "sampling_params": {"temperature": 0, "max_new_tokens": max_new}}
+            "sampling_params": {"temperature": 0, "max_new_tokens": max_new, **(params or {})}}
     r = requests.post(f"{url}/generate", json=body, stream=stream, timeout=900)
     r.raise_for_status()
     if not stream:
@@ -95,3 +97,38 @@ def test_eos_inside_accepted_blocks_is_lossless(eos_server, ar_server_fp32, toke
     # Every accepted draft is an EOS (the drafter proposes nothing else), and each answer that
     # ended by EOS ended on an accepted one: the EOS sat inside an accepted block.
     assert ended_by_eos <= accepted <= ended_by_eos * 3
+
+
+@pytest.fixture(scope="module")
+def period_server(target_path, tokenizer, tmp_path_factory):
+    period = tokenizer.convert_tokens_to_ids(".")
+    drafter = make_eos_drafter(target_path, tmp_path_factory.mktemp("period") / "period4", 4,
+                               token=period)
+    with start_server("domino-period", ["--dtype", "float32", "--max-total-tokens", "8192"],
+                      ["--speculative-algorithm", "DOMINO",
+                       "--speculative-draft-model-path", str(drafter)],
+                      env={"DOMINO_ADAPTIVE": "0"}) as server:
+        yield server
+
+
+def test_stop_token_ids_inside_accepted_blocks_are_lossless(period_server, ar_server_fp32,
+                                                            tokenizer):
+    """The same with a request's own stop token: the drafter proposes '.' everywhere, requests
+    stop at '.' (stop_token_ids), so a draft is accepted exactly at the first sentence end and
+    the round's later tokens must be dropped."""
+    period = tokenizer.convert_tokens_to_ids(".")
+    params = {"stop_token_ids": [period]}
+    jobs = _jobs(tokenizer)[::2]  # 16: short answers and budget-cut long ones, half streamed
+    with ThreadPoolExecutor(16) as pool:
+        reference = list(pool.map(lambda j: _run(ar_server_fp32.url, j, params), jobs))
+    before = _accepted(period_server.url)
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(lambda j: _run(period_server.url, j, params), jobs))
+    accepted = _accepted(period_server.url) - before
+    mismatches = [(i, g, r) for i, (g, r) in enumerate(zip(got, reference)) if g != r]
+    assert not mismatches, mismatches[:3]
+    at_period = sum(f == "stop" and ids[-1] == period for ids, f in reference)
+    print(f"\n{at_period} of {len(jobs)} answers stopped at '.'; {accepted:.0f} drafts accepted")
+    # every accepted draft is a '.', and a request stops at its first one: each stopped answer
+    # accepted at most one draft, and enough of them did for the test to have teeth
+    assert at_period >= 8 and 4 <= accepted <= at_period
