@@ -14,7 +14,7 @@ USERS   ?= 4
 DURATION ?= 60s
 
 .PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean regenerate \
-	train-drafter train-stage4
+	train-drafter train-stage4 train-stage5
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -76,6 +76,8 @@ RECIPE3    ?= domino_sglang/train/recipes/smollm2-135m-stage3.toml
 RUN_DIR3   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage3
 RECIPE4    ?= domino_sglang/train/recipes/smollm2-135m-stage4.toml
 RUN_DIR4   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage4
+RECIPE5    ?= domino_sglang/train/recipes/smollm2-135m-stage5.toml
+RUN_DIR5   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage5
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 regenerate: target
@@ -96,6 +98,14 @@ train-stage4: train-drafter
 		--init $(RUN_DIR3)/drafter
 	$(BIN)/python benchmarks/compare_drafters.py --min-id 3401 --max-id 3800 \
 		$(SHIPPED) $(RUN_DIR4)/drafter
+
+# Stage 5: stage 3 continued with many more first drafts per step (see its recipe), then compared
+# with the shipped drafter on the target's answers to evaluation prompts (held out by construction).
+train-stage5: train-drafter
+	$(BIN)/domino-sglang train --config $(RECIPE5) --data $(REGEN_DATA) --out $(RUN_DIR5) \
+		--init $(RUN_DIR3)/drafter
+	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
+		--max-tokens 128 $(SHIPPED) $(RUN_DIR5)/drafter
 
 clean:
 	rm -rf $(VENV)
