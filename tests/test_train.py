@@ -291,3 +291,57 @@ def test_first_draft_anchors_without_extra_are_the_plain_sample():
         a = sample_anchors(3, 40, 6, torch.Generator().manual_seed(seed))
         full, first = sample_block_anchors(3, 40, 6, 0, torch.Generator().manual_seed(seed))
         assert full == a and first == []
+
+
+def test_grown_drafter_starts_as_the_init_drafter_and_learns(tmp_path):
+    """add_layers inserts identity layers below the init drafter's (zero o_proj / down_proj,
+    the rest from the target's layers just below): the grown drafter drafts exactly what its
+    init did, and training moves the new layers' output projections off zero."""
+    from safetensors.torch import load_file
+
+    from domino_sglang.train import trainer as tr
+
+    small = load_train_config(None, tiny_overrides(tmp_path, steps=6))
+    train(small, progress=False)
+    src = tmp_path / "run" / "drafter"
+    big = load_train_config(None, tiny_overrides(tmp_path, steps=3, init=str(src), add_layers=2,
+                                                 out=str(tmp_path / "grown")))
+    train(big, progress=False)
+    seed = tmp_path / "grown" / "init"
+    assert tr.load_draft_config(seed).num_layers == 3
+
+    layer_ids = list(tr.load_draft_config(src).target_layer_ids)
+    feats = tr.TargetFeatures(small.target, layer_ids, torch.float32)
+    rec = tr.load_records(small.data, small.max_seq_len)[0]
+    ids = torch.tensor(rec["ids"])
+    anchors = tr.sample_anchors(rec["start"], len(rec["ids"]), 4, torch.Generator().manual_seed(1))
+
+    def blocks(folder, tweak=None):
+        drafter = tr.DominoDrafter.from_pretrained(tr.load_draft_config(folder),
+                                                   dtype=torch.float32)
+        if tweak:
+            tweak(drafter)
+        module = tr.DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+        with torch.no_grad():
+            z, prev, _ = module._blocks(ids, feats(rec), anchors, 4)
+        return z, prev
+
+    z_src, prev_src = blocks(src)
+    z_big, prev_big = blocks(seed)
+    assert torch.equal(z_big, z_src) and torch.equal(prev_big, prev_src)
+    # power: a new layer with a live output projection changes the drafts
+    z_live, _ = blocks(seed, lambda d: torch.nn.init.normal_(d.layers[0].self_attn.o_proj.weight))
+    assert not torch.allclose(z_live, z_src)
+
+    target = load_file(str(next(Path(small.target).glob("*.safetensors"))))
+    grown = load_file(str(seed / "model.safetensors"))
+    srcw = load_file(str(src / "model.safetensors"))
+    for i in range(2):  # src warm-started from target layer 3; the new ones are layers 1, 2
+        assert torch.equal(grown[f"layers.{i}.self_attn.q_proj.weight"],
+                           target[f"model.layers.{1 + i}.self_attn.q_proj.weight"].float())
+    assert torch.equal(grown["layers.2.mlp.up_proj.weight"],
+                       srcw["layers.0.mlp.up_proj.weight"].float())
+    trained = torch.load(tmp_path / "grown" / "checkpoint" / "drafter.pt", weights_only=True)
+    assert trained["layers.0.self_attn.o_proj.weight"].abs().sum() > 0
+    with pytest.raises(TrainConfigError, match="'add_layers' grows an 'init' drafter"):
+        load_train_config(None, {"data": "d", "out": "o", "add_layers": 2})

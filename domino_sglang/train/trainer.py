@@ -42,6 +42,9 @@ class TrainConfig:
     target: str = ""  # target checkpoint folder (default: the prepared SmolLM2)
     init: str = ""  # start from this drafter folder (default: a fresh one from the fields below)
     num_layers: int = 2
+    add_layers: int = 0  # with init: grow it by this many layers, inserted below its own and
+    #                      starting as the identity (see grow_drafter), so training resumes
+    #                      from the init drafter's exact function with more capacity
     block_size: int = 16
     num_features: int = 3
     gru_hidden_dim: int = 256
@@ -89,6 +92,11 @@ class TrainConfig:
                     f"train: '{key}' must be in [0, 1], got {getattr(self, key)}")
         if not 2 <= self.block_size <= 64:
             raise TrainConfigError(f"train: 'block_size' must be in 2..64, got {self.block_size}")
+        if self.add_layers < 0:
+            raise TrainConfigError(f"train: 'add_layers' must be >= 0, got {self.add_layers}")
+        if self.add_layers and not self.init:
+            raise TrainConfigError("train: 'add_layers' grows an 'init' drafter; set 'init' "
+                                   "(a fresh drafter takes 'num_layers')")
         if self.first_anchors < 0:
             raise TrainConfigError(f"train: 'first_anchors' must be >= 0, got {self.first_anchors}")
         if self.compute_dtype not in ("bfloat16", "float32"):
@@ -310,7 +318,9 @@ def _dist() -> tuple[int, int]:
 
 def _drafter_config(conf: TrainConfig, target: Path) -> dict:
     if conf.init:
-        return json.loads((Path(conf.init) / "config.json").read_text())
+        cfg = json.loads((Path(conf.init) / "config.json").read_text())
+        cfg["num_hidden_layers"] = cfg.get("num_hidden_layers", 0) + conf.add_layers
+        return cfg
     return make_draft_config(json.loads((target / "config.json").read_text()),
                              num_layers=conf.num_layers, block_size=conf.block_size,
                              num_features=conf.num_features, gru_hidden_dim=conf.gru_hidden_dim,
@@ -455,7 +465,10 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
 
     seed_dir = out / "init"  # the starting drafter in upstream layout (validates the config)
     if rank == 0 and not (seed_dir / "config.json").exists():
-        if conf.init:
+        if conf.init and conf.add_layers:
+            save_drafter(seed_dir, dcfg, grow_drafter(Path(conf.init), target, conf.add_layers),
+                         dtype=torch.float32)
+        elif conf.init:
             import shutil
 
             shutil.copytree(conf.init, seed_dir)
@@ -552,8 +565,11 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
     return out / "drafter"
 
 
-def warm_start_weights(target: Path, dconf) -> dict:
+def warm_start_weights(target: Path, dconf, first: int = 0, count: int = -1) -> dict:
     """Start the backbone from the target's LAST decoder layers and final norm (same widths).
+
+    Drafter layer i takes target layer n_target - first + i (first = 0: num_layers), for the
+    first `count` drafter layers (-1: all).
 
     z feeds the target's lm_head, which expects states shaped like the target's final-normed
     ones; copying the final norm and top layers starts the base logits near the target's own
@@ -573,8 +589,9 @@ def warm_start_weights(target: Path, dconf) -> dict:
     if tensors.get("model.norm.weight") is not None:
         out["norm.weight"] = tensors["model.norm.weight"].float()
     shapes = dconf.expected_shapes()
-    for i in range(dconf.num_layers):
-        src = f"model.layers.{n_target - dconf.num_layers + i}."
+    first = first or dconf.num_layers
+    for i in range(dconf.num_layers if count < 0 else count):
+        src = f"model.layers.{n_target - first + i}."
         for name in shapes:
             if name.startswith(f"layers.{i}.") and not name.endswith(("q_norm.weight",
                                                                       "k_norm.weight")):
@@ -582,6 +599,39 @@ def warm_start_weights(target: Path, dconf) -> dict:
                 if t is not None and tuple(t.shape) == shapes[name]:
                     out[name] = t.float()
     return out
+
+
+def grow_drafter(src: Path, target: Path, add: int) -> dict:
+    """The weights of drafter `src` with `add` more decoder layers inserted BELOW its own.
+
+    Net2Net-style growth (Chen et al., 2016): each new layer is a pre-norm residual block
+    x + o_proj(attn(.)) + down_proj(mlp(.)), so with o_proj and down_proj at ZERO it is the
+    identity and the grown drafter computes exactly what `src` did; training then starts from
+    src's loss instead of a fresh drafter's. The other weights come from the target's layers
+    just below the ones src was warm-started from (same widths), so once the output projections
+    move the new layers start from features the target itself computes there.
+    """
+    from safetensors.torch import load_file
+
+    n_old = load_draft_config(src).num_layers
+    grown = {}
+    for name, t in load_file(str(src / "model.safetensors")).items():  # src's layers move up
+        if name.startswith("layers."):
+            i, rest = name[len("layers."):].split(".", 1)
+            name = f"layers.{int(i) + add}.{rest}"
+        grown[name] = t.float()
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["num_hidden_layers"] = n_old + add
+    big = _load_conf_from_dict(cfg, src / ".grow-config")
+    # target layers n_target - n_old - add .. n_target - n_old - 1 become drafter layers 0..add-1
+    warm = warm_start_weights(target, big, first=add + n_old, count=add)
+    fresh = init_drafter_weights(big, seed=0)
+    for name in big.expected_shapes():
+        if name.startswith("layers.") and int(name.split(".")[1]) < add:
+            grown[name] = warm.get(name, fresh[name])
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                grown[name] = torch.zeros_like(grown[name])
+    return grown
 
 
 def _load_conf_from_dict(cfg: dict, scratch: Path):
