@@ -14,7 +14,7 @@ USERS   ?= 4
 DURATION ?= 60s
 
 .PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean regenerate \
-	train-drafter train-stage4
+	train-drafter train-stage4 train-stage6
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -78,6 +78,8 @@ RECIPE4    ?= domino_sglang/train/recipes/smollm2-135m-stage4.toml
 RUN_DIR4   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage4
 RECIPE5    ?= domino_sglang/train/recipes/smollm2-135m-stage5.toml
 RUN_DIR5   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage5
+RECIPE6    ?= domino_sglang/train/recipes/smollm2-135m-stage6.toml
+RUN_DIR6   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage6
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 regenerate: target
@@ -102,6 +104,14 @@ train-stage4: train-drafter
 		--init $(RUN_DIR3)/drafter
 	$(BIN)/python benchmarks/compare_drafters.py --min-id 3401 --max-id 3800 \
 		$(RUN_DIR3)/drafter $(RUN_DIR4)/drafter
+
+# Stage 6 (the capacity experiment, see its recipe): stage 5 grown to 4 layers, then compared
+# with stage 5 on the evaluation prompts.
+train-stage6: train-drafter
+	$(BIN)/domino-sglang train --config $(RECIPE6) --data $(REGEN_DATA) --out $(RUN_DIR6) \
+		--init $(RUN_DIR5)/drafter
+	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
+		--max-tokens 128 $(RUN_DIR5)/drafter $(RUN_DIR6)/drafter
 
 clean:
 	rm -rf $(VENV)
