@@ -43,16 +43,25 @@ class RMSNorm(nn.Module):
         return (self.weight.float() * xf).to(x.dtype)
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE (Llama/Qwen3). x [T, heads, D], positions [T]."""
-    d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [T, 1, D] float32
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> Rope:
+    """Rotate-half RoPE (Llama/Qwen3) tables for `positions` [T]; computed once per pass and
+    shared by every layer's q and k (one table costs as much as rotating a block on CPU)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,
+                                             dtype=torch.float32) / head_dim))
     freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, D/2]
-    cos = torch.cat([freqs.cos(), freqs.cos()], -1)[:, None, :]  # [T, 1, D]
-    sin = torch.cat([freqs.sin(), freqs.sin()], -1)[:, None, :]
+    angles = torch.cat([freqs, freqs], -1)[:, None, :]  # [T, 1, D]
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """x [T, heads, D] rotated by the tables of `rope_cos_sin`: x*cos + rotate_half(x)*sin."""
+    cos, sin = rope
+    d = x.shape[-1]
     xf = x.float()
-    x1, x2 = xf[..., : d // 2], xf[..., d // 2 :]
-    rotated = torch.cat([-x2, x1], dim=-1)
+    rotated = torch.cat([-xf[..., d // 2 :], xf[..., : d // 2]], dim=-1)
     return (xf * cos + rotated * sin).to(x.dtype)
 
 
@@ -61,7 +70,6 @@ class DraftAttention(nn.Module):
         super().__init__()
         h, d = conf.hidden_size, conf.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = conf.num_heads, conf.num_kv_heads, d
-        self.rope_theta = conf.rope_theta
         self.q_proj = nn.Linear(h, conf.num_heads * d, bias=False)
         self.k_proj = nn.Linear(h, conf.num_kv_heads * d, bias=False)
         self.v_proj = nn.Linear(h, conf.num_kv_heads * d, bias=False)
@@ -69,19 +77,19 @@ class DraftAttention(nn.Module):
         self.q_norm = RMSNorm(d, conf.rms_norm_eps)
         self.k_norm = RMSNorm(d, conf.rms_norm_eps)
 
-    def kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def kv(self, x: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V of inputs x [T, H] -> k, v [T, Hkv, D] (k normed and rotated)."""
         t = x.shape[0]
         k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        return apply_rope(k, positions, self.rope_theta), v
+        return apply_rope(k, rope), v
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, attend: Attend,
-                layer_idx: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope, attend: Attend, layer_idx: int
+                ) -> torch.Tensor:
         t = x.shape[0]
         q = self.q_norm(self.q_proj(x).view(t, self.num_heads, self.head_dim))
-        q = apply_rope(q, positions, self.rope_theta)
-        k, v = self.kv(x, positions)
+        q = apply_rope(q, rope)
+        k, v = self.kv(x, rope)
         out = attend(layer_idx, q, k, v)  # [T, Hq, D]
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
@@ -105,9 +113,9 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(conf.hidden_size, conf.rms_norm_eps)
         self.mlp = DraftMLP(conf)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, attend: Attend,
-                layer_idx: int) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, attend, layer_idx)
+    def forward(self, x: torch.Tensor, rope: Rope, attend: Attend, layer_idx: int
+                ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, attend, layer_idx)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -147,14 +155,16 @@ class DominoDrafter(nn.Module):
                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per draft layer, the K/V [T, Hkv, D] of the context features at `positions`."""
         ctx = self.project_context(target_hidden)
-        return [layer.self_attn.kv(ctx, positions) for layer in self.layers]
+        rope = rope_cos_sin(positions, self.conf.head_dim, self.conf.rope_theta)
+        return [layer.self_attn.kv(ctx, rope) for layer in self.layers]
 
     def backbone(self, block_embeds: torch.Tensor, positions: torch.Tensor,
                  attend: Attend) -> torch.Tensor:
         """Block inputs [T, H] (T = bs * B) -> z [T, H]; attention over context + block."""
         x = block_embeds.to(self.fc.weight.dtype)
+        rope = rope_cos_sin(positions, self.conf.head_dim, self.conf.rope_theta)
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, attend, i)
+            x = layer(x, rope, attend, i)
         return self.norm(x)
 
     def head(self, embed: nn.Module, lm_head_weight: torch.Tensor,
