@@ -96,6 +96,9 @@ def main() -> None:
                          "a `git worktree` of the parent")
     ap.add_argument("--base-methods", nargs="+", default=["ar"], choices=list(METHODS),
                     help="the methods --base-tree serves too (default: ar)")
+    ap.add_argument("--base-drafter", type=Path, default=None,
+                    help="the drafter the -base methods serve (default: --drafter's), e.g. "
+                         "the base tree's own shipped one to compare drafters")
     ap.add_argument("--cost", default=None, metavar="DRAFT,SLOPE_0,SLOPE_PER_REQ",
                     help="serve every DOMINO method on this cost profile (env DOMINO_COST, "
                          "policy.py), e.g. a wrong one, to see what calibration recovers")
@@ -122,6 +125,11 @@ def main() -> None:
             flags, env = METHODS[m]
             METHODS[f"{m}-base"] = (flags, {**env, "PYTHONPATH": str(args.base_tree.resolve())})
         args.methods = [*args.methods, *(f"{m}-base" for m in args.base_methods)]
+    if args.base_drafter is not None:
+        if args.base_tree is None:
+            ap.error("--base-drafter needs --base-tree")
+        if not (args.base_drafter / "config.json").is_file():
+            ap.error(f"--base-drafter: no config.json in {args.base_drafter}")
 
     from domino_sglang.paths import shipped_drafter_dir
 
@@ -129,12 +137,14 @@ def main() -> None:
     prov = provenance.collect()
     if args.base_tree is not None:
         prov["base_tree_revision"] = provenance.git_revision(args.base_tree)
+    base_drafter = str(args.base_drafter) if args.base_drafter is not None else drafter
     rows = []
     with ExitStack() as stack:
         servers = {}
         for m in args.methods:  # started one at a time: start-up is CPU-heavy
             flags, env = METHODS[m]
-            flags = [f.format(drafter=drafter) for f in flags]
+            flags = [f.format(drafter=base_drafter if m.endswith("-base") else drafter)
+                     for f in flags]
             cut = flags.index("--") if "--" in flags else len(flags)  # SGLang's own flags after
             servers[m] = stack.enter_context(
                 start_server(f"tput-{m}", flags[:cut] + ["--dtype", args.dtype],
@@ -168,10 +178,13 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     out = {"provenance": prov, "max_tokens": args.max_tokens, "dtype": args.dtype,
            "cost": args.cost,
-           "repeats": args.repeats, "drafter": drafter, "rows": rows, "runs": runs}
+           "repeats": args.repeats, "drafter": drafter, "base_drafter": base_drafter,
+           "rows": rows, "runs": runs}
     (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=2) + "\n")
     median = f", median of {args.repeats} runs" if args.repeats > 1 else ""
     cost = f"- DOMINO methods on cost profile DOMINO_COST={args.cost}\n" if args.cost else ""
+    if base_drafter != drafter:
+        cost += f"- the -base methods' drafter: `{base_drafter}`\n"
     lines = [f"## Throughput sweep ({args.max_tokens} output tokens, ignore_eos, {args.dtype}"
              f"{median})", "", provenance.markdown_header(prov), f"{cost}- drafter: `{drafter}`",
              "",
