@@ -82,6 +82,8 @@ RECIPE6    ?= domino_sglang/train/recipes/smollm2-135m-stage6.toml
 RUN_DIR6   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage6
 RECIPE7    ?= domino_sglang/train/recipes/smollm2-135m-stage7.toml
 RUN_DIR7   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage7
+RECIPE8    ?= domino_sglang/train/recipes/smollm2-135m-stage8.toml
+RUN_DIR8   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage8
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 regenerate: target
@@ -97,9 +99,11 @@ train-drafter: regenerate
 		--init $(RUN_DIR3)/drafter
 	$(BIN)/domino-sglang train --config $(RECIPE7) --data $(REGEN_DATA) --out $(RUN_DIR7) \
 		--init $(RUN_DIR5)/drafter
+	$(BIN)/domino-sglang train --config $(RECIPE8) --data $(REGEN_DATA) --out $(RUN_DIR8) \
+		--init $(RUN_DIR7)/drafter
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
-		--max-tokens 128 $(RUN_DIR5)/drafter $(RUN_DIR7)/drafter
-	cp $(RUN_DIR7)/drafter/config.json $(RUN_DIR7)/drafter/model.safetensors $(SHIPPED)/
+		--max-tokens 128 $(RUN_DIR7)/drafter $(RUN_DIR8)/drafter
+	cp $(RUN_DIR8)/drafter/config.json $(RUN_DIR8)/drafter/model.safetensors $(SHIPPED)/
 
 # Stage 4 (not shipped: see its recipe): continues stage 3 on 2.5x the data, then compares the two
 # on answers no stage saw (ShareGPT ids 3401..3800).

@@ -530,10 +530,11 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
         gnorm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), conf.grad_clip)
         opt.step()
         step += 1
-        _accumulate(window, st, float(loss.detach()), float(gnorm))
+        loss_value = float(loss.detach())
+        _accumulate(window, st, loss_value, float(gnorm))
         if bar is not None:
             bar.update(1)
-            bar.set_postfix(loss=f"{float(loss):.3f}", lam=f"{lam:.2f}")
+            bar.set_postfix(loss=f"{loss_value:.3f}", lam=f"{lam:.2f}")
         if log is not None and (step % conf.log_every == 0 or step == conf.steps):
             entry = _summary(window, step, lam, lr_at(step - 1, conf))
             log.write(json.dumps(entry) + "\n")
