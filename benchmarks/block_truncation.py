@@ -1,0 +1,90 @@
+"""Why the draft pass always runs the full block: first-draft accuracy of a truncated block.
+
+The backbone attends over its block NON-causally, so the B-1 mask positions after x_t feed the
+first draft too (they are extra computation the model learned to use, not padding). A round that
+verifies only L < B tokens could run the backbone over [x_t, MASK x (L-1)] and save most of the
+draft pass, but only if the drafts stay as good. This measures the first draft (block position
+0, which every speculative round needs) teacher-forced at every position of the target's greedy
+answers to evaluation prompts, with the backbone run over blocks of B' = 16, 8, 4, 3, 2 tokens
+(offline, the trainer's code path; the answers are cached by compare_drafters.py).
+
+    python benchmarks/block_truncation.py --eval-set mtbench humaneval gsm8k --limit 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
+from compare_drafters import eval_records  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--drafter", type=Path, default=None, help="default: the shipped drafter")
+    ap.add_argument("--eval-set", nargs="+", default=["mtbench", "humaneval", "gsm8k"])
+    ap.add_argument("--limit", type=int, default=20)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--blocks", nargs="+", type=int, default=[16, 8, 4, 3, 2])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="block_truncation")
+    args = ap.parse_args()
+    if min(args.blocks) < 2 or args.limit < 1:
+        ap.error("--blocks >= 2 and --limit >= 1")
+    torch.set_num_threads(args.threads)
+
+    from domino_sglang.config import load_draft_config
+    from domino_sglang.cpu.dtype import default_cpu_dtype
+    from domino_sglang.model import DominoDrafter
+    from domino_sglang.paths import shipped_drafter_dir, target_dir
+    from domino_sglang.train.trainer import DrafterTrainModule, TargetFeatures, TrainConfig
+
+    prov = provenance.collect()
+    folder = args.drafter or shipped_drafter_dir()
+    dconf = load_draft_config(folder)
+    if max(args.blocks) > dconf.block_size:
+        ap.error(f"--blocks: at most the drafter's block size {dconf.block_size}")
+    feats = TargetFeatures(target_dir(), list(dconf.target_layer_ids),
+                           getattr(torch, default_cpu_dtype()))
+    drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).eval()
+    module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+    max_seq_len = TrainConfig(data="-", out="-").max_seq_len
+    hits = {b: 0 for b in args.blocks}
+    total = 0
+    with torch.no_grad():
+        for name in args.eval_set:
+            for rec in eval_records(name, args.limit, args.max_tokens, None, max_seq_len):
+                ids, f = torch.tensor(rec["ids"]), feats(rec)
+                anchors = list(range(rec["start"], len(rec["ids"]) - 1))  # every answer token
+                total += len(anchors)
+                for b in args.blocks:
+                    z, _, labels = module._blocks(ids, f, anchors, b)  # z [n, b-1, H]
+                    first = F.linear(z[:, 0], module.lm_head_weight).argmax(dim=-1)  # [n]
+                    hits[b] += int((first == labels[:, 0]).sum())
+    rows = [{"block": b, "first_draft_accuracy": round(hits[b] / total, 4), "positions": total}
+            for b in args.blocks]
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    out = {"provenance": prov, "drafter": str(folder), "eval_sets": args.eval_set,
+           "limit": args.limit, "max_tokens": args.max_tokens, "rows": rows}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=2) + "\n")
+    lines = [f"## First-draft accuracy by backbone block length ({', '.join(args.eval_set)}, "
+             f"first {args.limit} prompts, {args.max_tokens} tokens)", "",
+             provenance.markdown_header(prov), f"- drafter: `{folder}`", "",
+             "| block B' | first-draft accuracy | positions |", "|---|---|---|"]
+    lines += [f"| {r['block']} | {r['first_draft_accuracy']} | {r['positions']} |" for r in rows]
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
