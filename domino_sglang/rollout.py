@@ -16,11 +16,18 @@ rollout (lossless sampling) lives in `sampling.py` and reuses `head_step`.
 Candidate pool (upstream's speed-up): score the head only over K block-shared candidates, the
 top-K of max_i base_i; K = 0 means the full vocabulary. Draft-side approximation only:
 verification stays exact either way.
+
+Draft vocabulary (the reduced draft vocabulary of EAGLE-3, our own code): with `HeadParams.vocab`
+= the Vd most frequent answer tokens, the base logits are computed over those rows of the lm_head
+only (V in the shapes above becomes Vd) and every pick maps back to a token id through `vocab`.
+The same as the full vocabulary with -inf outside it; a 4k-8k vocabulary keeps the first draft's
+accuracy (benchmarks/draft_vocab.py) and cuts the lm_head, the largest part of the draft pass
+after the backbone, 6-12x.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +59,30 @@ class HeadParams:
     # lm_head_weight packed for oneDNN (cpu/linear.py), or None. Draft side only: a stale pack
     # after a target weight update could only lower acceptance, never change the output.
     lm_head_packed: torch.Tensor | None = None
+    # draft vocabulary: token ids [Vd] (None: all V), the lm_head rows [Vd, H] and the head's
+    # E -> V rows [Vd, E] at those ids (`with_vocab` makes them; copies, 2x Vd rows)
+    vocab: torch.Tensor | None = None
+    vocab_lm_head: torch.Tensor | None = None
+    vocab_out_weight: torch.Tensor | None = None
+
+    def with_vocab(self, vocab: torch.Tensor | None) -> HeadParams:
+        """This head restricted to the draft vocabulary `vocab` (token ids [Vd]); None: all V.
+        The lm_head pack, if any, is dropped (the caller packs `vocab_lm_head`)."""
+        if vocab is None:
+            return replace(self, vocab=None, vocab_lm_head=None, vocab_out_weight=None)
+        vocab = vocab.to(device=self.lm_head_weight.device, dtype=torch.int64)
+        return replace(self, vocab=vocab, lm_head_packed=None,
+                       vocab_lm_head=self.lm_head_weight[vocab].contiguous(),
+                       vocab_out_weight=self.embed_proj[2].weight[vocab].detach().contiguous())
+
+    @property
+    def vocab_size(self) -> int:
+        """V, the size of the distributions the verifier compares (the full vocabulary)."""
+        return self.lm_head_weight.shape[0]
+
+    def token_ids(self, idx: torch.Tensor) -> torch.Tensor:
+        """Indices into the base logits -> token ids (the identity without a draft vocabulary)."""
+        return idx if self.vocab is None else self.vocab[idx]
 
 
 @dataclass
@@ -64,12 +95,14 @@ class Candidates:
 
 
 def make_candidates(base: torch.Tensor, head: HeadParams, k: int) -> Candidates | None:
-    """Top-K pool over positions 1.. of the base logits (position 0 never uses the head)."""
+    """Top-K pool over positions 1.. of the base logits (position 0 never uses the head).
+    The pool's `ids` are token ids (mapped through the draft vocabulary, if any)."""
     if k <= 0 or base.shape[1] < 2:
         return None
     k = min(k, base.shape[-1])
-    ids = torch.topk(base[:, 1:].amax(dim=1), k=k, dim=-1, sorted=False).indices  # [bs, K]
-    pool_base = torch.gather(base, 2, ids[:, None, :].expand(-1, base.shape[1], -1))
+    idx = torch.topk(base[:, 1:].amax(dim=1), k=k, dim=-1, sorted=False).indices  # [bs, K]
+    pool_base = torch.gather(base, 2, idx[:, None, :].expand(-1, base.shape[1], -1))
+    ids = head.token_ids(idx)
     out_weight = F.embedding(ids, head.embed_proj[2].weight)  # [bs, K, E]
     return Candidates(ids=ids, base=pool_base, out_weight=out_weight)
 
@@ -78,22 +111,27 @@ def head_step(head: HeadParams, z_i: torch.Tensor, s: torch.Tensor, base_i: torc
               cand: Candidates | None, i: int) -> torch.Tensor:
     """Corrected logits of position i (>= 1): base_i + W2 silu(W1 [z_i ; s]).
 
-    Returns [bs, V] over the vocabulary, or [bs, K] over the candidate pool.
+    Returns [bs, V] over the vocabulary ([bs, Vd] over a draft vocabulary), or [bs, K] over
+    the candidate pool.
     """
     hidden = head.embed_proj[1](head.embed_proj[0](torch.cat((z_i, s), dim=-1)))  # [bs, E]
+    if cand is None and head.vocab is not None:
+        return base_i + F.linear(hidden, head.vocab_out_weight.to(hidden.dtype))
     if cand is None:
         return base_i + head.embed_proj[2](hidden)
     return cand.base[:, i] + torch.bmm(cand.out_weight, hidden.unsqueeze(-1)).squeeze(-1)
 
 
 def base_logits(z: torch.Tensor, head: HeadParams) -> torch.Tensor:
-    """[bs, B, H] -> [bs, B-1, V] base logits of the B-1 proposal positions (fp32)."""
+    """[bs, B, H] -> [bs, B-1, V] base logits of the B-1 proposal positions (fp32); [bs, B-1,
+    Vd] over a draft vocabulary."""
     bs, n, h = z.shape[0], z.shape[1] - 1, z.shape[2]
+    weight = head.lm_head_weight if head.vocab is None else head.vocab_lm_head
     # 2-D and contiguous: a strided 3-D bf16 input sends torch to a ~80x slower CPU GEMM path.
-    zz = z[:, :-1].reshape(bs * n, h).to(head.lm_head_weight.dtype)
+    zz = z[:, :-1].reshape(bs * n, h).to(weight.dtype)
     if head.lm_head_packed is not None and zz.device.type == "cpu":
         return packed_linear(zz, head.lm_head_packed).float().view(bs, n, -1)
-    return F.linear(zz, head.lm_head_weight).float().view(bs, n, -1)
+    return F.linear(zz, weight).float().view(bs, n, -1)
 
 
 @torch.no_grad()
@@ -109,10 +147,10 @@ def greedy_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams,
     base = base_logits(z, head)  # [bs, B-1, V]
     n = base.shape[1]
     if not use_head:
-        chain = base.argmax(dim=-1)
+        chain = head.token_ids(base.argmax(dim=-1))
         return (chain, chain) if return_base_pick else chain
     cand = make_candidates(base, head, candidate_pool)
-    first = base[:, 0].argmax(dim=-1)  # [bs]
+    first = head.token_ids(base[:, 0].argmax(dim=-1))  # [bs]
     proposals = [first]
     g = head.prefix_gru.hidden_size
     s = z.new_zeros(z.shape[0], g, dtype=head.prefix_gru.weight_hh_l0.dtype)
@@ -123,9 +161,10 @@ def greedy_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams,
     for i in range(1, n):
         logits = head_step(head, zh[:, i], s, base[:, i].to(gdtype), cand, i)
         pick = logits.argmax(dim=-1)
-        nxt = pick if cand is None else torch.gather(cand.ids, 1, pick[:, None]).squeeze(1)
+        nxt = (head.token_ids(pick) if cand is None
+               else torch.gather(cand.ids, 1, pick[:, None]).squeeze(1))
         proposals.append(nxt)
         if i + 1 < n:
             s = gru_step(head.prefix_gru, head.embed(nxt).to(gdtype), s)
     chain = torch.stack(proposals, dim=1)
-    return (chain, base.argmax(dim=-1)) if return_base_pick else chain
+    return (chain, head.token_ids(base.argmax(dim=-1))) if return_base_pick else chain

@@ -160,6 +160,15 @@ def sample_from(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return idx.clamp_(max=weights.shape[-1] - 1)
 
 
+def spread(qd: torch.Tensor, head: HeadParams) -> torch.Tensor:
+    """A distribution over the draft vocabulary [.., Vd] -> over the vocabulary [.., V], zero
+    outside: exactly the full vocabulary's distribution with -inf logits outside the draft
+    vocabulary (top-k / top-p rank those last). The identity without a draft vocabulary."""
+    if head.vocab is None:
+        return qd
+    return qd.new_zeros(*qd.shape[:-1], head.vocab_size).index_copy_(-1, head.vocab, qd)
+
+
 @torch.no_grad()
 def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows: SamplingRows,
                     u_draft: torch.Tensor, candidate_pool: int = 0, use_head: bool = True,
@@ -170,17 +179,20 @@ def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows
     z [bs, B, H], bonus [bs] (x_t), u_draft [bs, n], logit_bias [bs, V] (the request's, added
     to every draft logit as the target gets it). With a candidate pool, q is zero outside it.
     """
-    base = base_logits(z, head)  # [bs, n, V] fp32
+    base = base_logits(z, head)  # [bs, n, V] fp32 ([bs, n, Vd] over a draft vocabulary)
     if logit_bias is not None:
-        base = base + logit_bias[:, None, :]
-    n, vocab = base.shape[1], base.shape[2]
+        bias = logit_bias if head.vocab is None else logit_bias[:, head.vocab]
+        base = base + bias[:, None, :]
+    n, vocab = base.shape[1], head.vocab_size
     if not use_head:
-        q = process_logits(base.reshape(-1, vocab), rows.repeat(n)).view_as(base)
-        return sample_from(q.view(-1, vocab), u_draft.reshape(-1)).view(-1, n), q
+        qd = process_logits(base.reshape(-1, base.shape[2]), rows.repeat(n))
+        drafts = head.token_ids(sample_from(qd, u_draft.reshape(-1))).view(-1, n)
+        return drafts, spread(qd, head).view(-1, n, vocab)
     cand = make_candidates(base, head, candidate_pool)
-    q = base.new_zeros(base.shape)  # [bs, n, V]; with a pool, q_i (i >= 1) is 0 outside it
-    q[:, 0] = process_logits(base[:, 0], rows)
-    drafts = [sample_from(q[:, 0], u_draft[:, 0])]
+    q = base.new_zeros(base.shape[0], n, vocab)  # [bs, n, V]; with a pool, q_i (i >= 1) is 0
+    q0 = process_logits(base[:, 0], rows)  # outside it; with a draft vocabulary, outside that
+    q[:, 0] = spread(q0, head)
+    drafts = [head.token_ids(sample_from(q0, u_draft[:, 0]))]
     gdtype = head.prefix_gru.weight_hh_l0.dtype
     s = z.new_zeros(z.shape[0], head.prefix_gru.hidden_size, dtype=gdtype)
     s = gru_step(head.prefix_gru, head.embed(bonus).to(gdtype), s)
@@ -189,8 +201,9 @@ def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows
     for i in range(1, n):
         logits = head_step(head, zh[:, i], s, base[:, i].to(gdtype), cand, i).float()
         if cand is None:
-            q[:, i] = process_logits(logits, rows)
-            d = sample_from(q[:, i], u_draft[:, i])
+            qd = process_logits(logits, rows)
+            q[:, i] = spread(qd, head)
+            d = head.token_ids(sample_from(qd, u_draft[:, i]))
         else:
             # Processed over the pool alone [bs, K]: the same distribution as over the full
             # vocabulary with -inf outside the pool (those tokens get probability 0 and rank

@@ -22,11 +22,15 @@ def make_head(seed: int = 0) -> HeadParams:
                       embed_proj=proj)
 
 
-def reference_rollout(z, bonus, head, use_head=True):
-    """Straight from the method: one request at a time, nn.GRU over the whole prefix each step."""
+def reference_rollout(z, bonus, head, use_head=True, vocab=None):
+    """Straight from the method: one request at a time, nn.GRU over the whole prefix each step;
+    a draft vocabulary is -inf logits outside it."""
+    mask = torch.zeros(V)
+    if vocab is not None:
+        mask = torch.full((V,), float("-inf")).index_fill_(0, vocab, 0.0)
     out = []
     for b in range(z.shape[0]):
-        base = z[b, :-1] @ head.lm_head_weight.T  # [B-1, V]
+        base = z[b, :-1] @ head.lm_head_weight.T + mask  # [B-1, V]
         chain = [int(base[0].argmax())]
         for i in range(1, B - 1):
             logits = base[i].clone()
@@ -37,6 +41,21 @@ def reference_rollout(z, bonus, head, use_head=True):
             chain.append(int(logits.argmax()))
         out.append(chain)
     return torch.tensor(out)
+
+
+@pytest.mark.parametrize("use_head", [True, False])
+@pytest.mark.parametrize("pool", [0, 5])  # 5: a pool of the whole draft vocabulary
+@pytest.mark.parametrize("seed", [0, 1])
+def test_draft_vocabulary_equals_masked_reference(pool, seed, use_head):
+    """A draft vocabulary = the full vocabulary with -inf logits outside it."""
+    head, vocab = make_head(seed), torch.tensor([9, 2, 5, 0, 7])
+    z, bonus = torch.randn(5, B, H), torch.randint(0, V, (5,))
+    with torch.no_grad():
+        expected = reference_rollout(z, bonus, head, use_head=use_head, vocab=vocab)
+        got, base_pick = greedy_rollout(z, bonus, head.with_vocab(vocab), candidate_pool=pool,
+                                        use_head=use_head, return_base_pick=True)
+    assert torch.equal(got, expected)
+    assert torch.isin(got, vocab).all() and torch.isin(base_pick, vocab).all()
 
 
 def test_gru_step_equals_nn_gru():

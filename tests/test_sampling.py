@@ -195,6 +195,34 @@ def test_candidate_pool_keeps_sampling_exact():
     assert forbidden == 0 and stat < crit
 
 
+@pytest.mark.parametrize("pool", [0, 2])
+@pytest.mark.parametrize("case", ["temperature", "top_k_top_p_min_p"])
+def test_draft_vocabulary_keeps_sampling_exact(case, pool):
+    """Drafts from a 3-token draft vocabulary (q is 0 at the other 2): still the target's
+    distribution, every token reachable through the residual."""
+    target, head = TinyTarget(), make_head(0).with_vocab(torch.tensor([4, 0, 2]))
+    rows = make_rows(N, **CASES[case])
+    samples = run_domino(target, head, rows, verify_mixed, pool=pool)
+    stat, crit, forbidden = chi_square(samples, target.joint3(rows))
+    assert forbidden == 0 and stat < crit
+    assert set(samples.unique().tolist()) - {4, 0, 2}  # tokens outside it are still produced
+
+
+def test_draft_vocabulary_q_is_the_masked_full_q():
+    """q over a draft vocabulary = q over the full vocabulary with -inf logits outside it, and
+    every draft lies inside it (no head: the masked base logits are the whole story)."""
+    head, vocab = make_head(5, vocab=11), torch.tensor([7, 1, 3, 10])
+    z, bonus = torch.randn(6, B, H), torch.randint(0, 11, (6,))
+    rows = make_rows(6, temperature=0.9, top_k=3, top_p=0.95)
+    u = RoundUniforms.for_round(rows.seed, torch.full((6,), 4), B)
+    drafts, q = sampled_rollout(z, bonus, head.with_vocab(vocab), rows, u.draft, use_head=False)
+    masked = torch.full((11,), float("-inf")).index_fill_(0, vocab, 0.0)
+    logits = z[:, :-1] @ head.lm_head_weight.T + masked  # [6, B-1, 11]
+    expected = process_logits(logits.reshape(-1, 11), rows.repeat(B - 1)).view(6, B - 1, 11)
+    torch.testing.assert_close(q, expected)
+    assert torch.isin(drafts, vocab).all()
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_broken_verifiers_fail_the_same_test(case):
     target, head = TinyTarget(), make_head(0)
