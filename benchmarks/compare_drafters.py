@@ -38,6 +38,7 @@ from domino_sglang.train.trainer import (
     replay_rounds,
     rollout_tau,
 )
+from domino_sglang.vocab import load_draft_vocab
 
 DEFAULT_DATA = Path("~/.cache/domino_sglang/data/sharegpt-greedy256.jsonl").expanduser()
 
@@ -82,7 +83,8 @@ def main() -> None:
             feats = TargetFeatures(target_dir(), list(dconf.target_layer_ids),
                                    getattr(torch, dtype))
         drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).eval()
-        module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+        module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight,
+                                    load_draft_vocab(folder, dconf.vocab_size))  # as served
         for name, records in sets.items():
             taus = rollout_tau(module, feats, records, conf)
             rounds = [replay_rounds(module, feats, r) for r in records]

@@ -79,6 +79,7 @@ def main() -> None:
         replay_rounds,
         rollout_tau,
     )
+    from domino_sglang.vocab import load_draft_vocab
 
     tok = AutoTokenizer.from_pretrained(str(paths.target_dir()))
     prompts = {s: [chat_prompt_ids(tok, p) for p in data.load(s, args.limit)] for s in args.sets}
@@ -87,7 +88,8 @@ def main() -> None:
     dconf = load_draft_config(args.drafter)
     feats = TargetFeatures(paths.target_dir(), list(dconf.target_layer_ids), torch.bfloat16)
     drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).eval()
-    module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+    module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight,
+                                load_draft_vocab(dconf.path, dconf.vocab_size))  # as served
     evconf = TrainConfig(anchors=8)
     rows, results = [], {}
     for s in args.sets:

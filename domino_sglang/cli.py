@@ -139,6 +139,27 @@ def cmd_init_drafter(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_draft_vocab(args: argparse.Namespace) -> int:
+    from domino_sglang.config import DrafterConfigError, load_draft_config
+    from domino_sglang.vocab import build_draft_vocab, write_draft_vocab
+
+    try:
+        conf = load_draft_config(args.drafter)
+    except DrafterConfigError as exc:
+        _fail(f"draft-vocab: {exc}")
+    if not 1 <= args.size <= conf.vocab_size:
+        _fail(f"draft-vocab: --size must be in [1, {conf.vocab_size}] (the drafter's "
+              f"vocab_size), got {args.size}")
+    if not args.data.is_file():
+        _fail(f"draft-vocab: --data {args.data} not found (a regenerated JSONL)")
+    try:
+        ids = build_draft_vocab(args.data, args.size, args.max_id)
+    except (KeyError, ValueError) as exc:
+        _fail(f"draft-vocab: --data {args.data} is not a regenerated JSONL ({exc!r})")
+    print(write_draft_vocab(args.drafter, ids, source=args.data.name, max_id=args.max_id))
+    return 0
+
+
 def cmd_regenerate(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
@@ -290,6 +311,14 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-prompt-tokens", type=int, default=512)
     r.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
 
+    v = sub.add_parser("draft-vocab",
+                       help="write a drafter's draft vocabulary (its most frequent answer tokens)")
+    v.add_argument("drafter", type=Path, help="drafter folder (draft_vocab.json is written there)")
+    v.add_argument("--data", type=Path, required=True, help="regenerated JSONL")
+    v.add_argument("--size", type=int, default=8192, help="tokens kept (default 8192)")
+    v.add_argument("--max-id", type=int, default=None,
+                   help="only records with id <= this (the training records)")
+
     t = sub.add_parser("train", help="train a Domino drafter (base-anchored curriculum)")
     t.add_argument("--config", type=Path, default=None, help="TOML recipe (keys: TrainConfig)")
     t.add_argument("--data", type=Path, default=None, help="regenerated JSONL")
@@ -341,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_regenerate(args)
     if args.command == "train":
         return cmd_train(args)
+    if args.command == "draft-vocab":
+        return cmd_draft_vocab(args)
     return 2
 
 

@@ -66,6 +66,7 @@ from domino_sglang.sampling import (
     seeded_uniform,
 )
 from domino_sglang.verify import verify_greedy, verify_mixed
+from domino_sglang.vocab import load_draft_vocab
 
 logger = logging.getLogger(__name__)
 # SGLang's sampler reads this once at import (sampler.py): logprobs before temperature
@@ -114,9 +115,15 @@ class DominoWorker(BaseSpecWorker):
         head_dtype = torch.float32 if torch.device(self.device).type == "cpu" else None
         # SGLang pads lm_head rows to a multiple of 64: the head scores the real vocabulary only
         lm_head = target_model.lm_head.weight[:target_cfg.vocab_size]  # [V, H]
-        self.head = self.draft_model.drafter.head(self.embed, lm_head, head_dtype)
+        head = self.draft_model.drafter.head(self.embed, lm_head, head_dtype)
+        # the draft vocabulary (vocab.py): base logits over its Vd rows of the lm_head only
+        self.head = head.with_vocab(load_draft_vocab(conf.path, conf.vocab_size))
         if cpu_linear.is_active():  # the base logits of 15 positions: 3x faster packed (fp32)
-            self.head.lm_head_packed = cpu_linear.pack(lm_head)
+            rows = lm_head if self.head.vocab is None else self.head.vocab_lm_head
+            self.head.lm_head_packed = cpu_linear.pack(rows)
+        if self.head.vocab is not None:
+            logger.info("DOMINO draft vocabulary: %d of %d tokens (%s)",
+                        len(self.head.vocab), conf.vocab_size, conf.path)
         self._block_offsets = torch.arange(self.block_size, device=self.device)
         self._warned: set[str] = set()
         self.metrics = DominoMetrics.for_scheduler(self.block_size, self.device)

@@ -105,9 +105,11 @@ def _replay(records: list[dict], draft_lens: tuple[int, ...] | None = None) -> l
     from domino_sglang.model import DominoDrafter
     from domino_sglang.paths import target_dir
     from domino_sglang.train.trainer import DrafterTrainModule, TargetFeatures, replay_rounds
+    from domino_sglang.vocab import load_draft_vocab
 
     dconf = load_draft_config(shipped_drafter_dir())
     feats = TargetFeatures(target_dir(), list(dconf.target_layer_ids), torch.float32)
     drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).eval()
-    module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+    module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight,
+                                load_draft_vocab(dconf.path, dconf.vocab_size))  # as served
     return [replay_rounds(module, feats, rec, draft_lens=draft_lens) for rec in records]

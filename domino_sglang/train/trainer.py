@@ -235,11 +235,14 @@ class DrafterTrainModule(nn.Module):
     """Drafter + frozen target embedding/lm_head; forward(batch) -> (loss, stats)."""
 
     def __init__(self, drafter: DominoDrafter, embed_weight: torch.Tensor,
-                 lm_head_weight: torch.Tensor):
+                 lm_head_weight: torch.Tensor, draft_vocab: torch.Tensor | None = None):
         super().__init__()
         self.drafter = drafter
         self.register_buffer("embed_weight", embed_weight, persistent=False)
         self.register_buffer("lm_head_weight", lm_head_weight, persistent=False)
+        # token ids [Vd] the served rollout drafts from (vocab.py); evaluation only: the
+        # training loss is over the full vocabulary
+        self.draft_vocab = draft_vocab
 
     def forward(self, items: list[tuple], lam: float, gamma: float
                 ) -> tuple[torch.Tensor, dict]:
@@ -431,13 +434,14 @@ def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
 
 
 def _head_params(module: DrafterTrainModule):
-    """The rollout's view of the drafter under training (shared tensors, fp32)."""
+    """The rollout's view of the drafter under training (shared tensors, fp32), over the
+    module's draft vocabulary if it has one (as the worker serves it)."""
     from domino_sglang.rollout import HeadParams
 
     d = module.drafter
     return HeadParams(embed=nn.Embedding.from_pretrained(module.embed_weight),
                       lm_head_weight=module.lm_head_weight, prefix_gru=d.prefix_gru,
-                      embed_proj=d.embed_proj)
+                      embed_proj=d.embed_proj).with_vocab(module.draft_vocab)
 
 
 def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,

@@ -1,0 +1,78 @@
+"""The draft vocabulary: which tokens the drafter may propose, built from the target's answers.
+
+The reduced draft vocabulary of EAGLE-3 (our own code): the drafter's base logits are computed
+over the Vd most frequent tokens of the target's regenerated answers only, so the draft pass
+reads Vd rows of the lm_head instead of V (rollout.py, `HeadParams.with_vocab`). Lossless either
+way: a greedy draft outside it would only have been accepted if the target chose it, and for
+sampling q is zero outside it (the residual max(p - q, 0) covers those tokens).
+
+    draft_vocab.json (next to config.json, optional; absent = the full vocabulary)
+        {"ids": [token ids, ascending], "size": Vd, "source": "...", "max_id": N}
+
+Ascending ids make the draft vocabulary's argmax break ties as the full vocabulary's does.
+`DOMINO_DRAFT_VOCAB=0` serves the full vocabulary even when the file is there (measurement).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from domino_sglang.config import DrafterConfigError
+
+FILE = "draft_vocab.json"
+ENV = "DOMINO_DRAFT_VOCAB"
+ALWAYS = (1, 2)  # <|im_start|>, <|im_end|> (eos) of the SmolLM2 chat template
+
+
+def load_draft_vocab(folder: str | Path, vocab_size: int) -> torch.Tensor | None:
+    """The draft vocabulary of the drafter in `folder` as token ids [Vd] (int64, ascending), or
+    None (no file, or DOMINO_DRAFT_VOCAB=0). A bad file raises, naming the field."""
+    path = Path(folder) / FILE
+    if os.environ.get(ENV, "1") == "0" or not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise DrafterConfigError(f"{path}: invalid JSON ({exc})") from exc
+    ids = doc.get("ids") if isinstance(doc, dict) else None
+    if (not isinstance(ids, list) or not ids
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+        raise DrafterConfigError(f"{path}: field 'ids' must be a non-empty list of token ids")
+    if len(set(ids)) != len(ids) or not all(0 <= i < vocab_size for i in ids):
+        raise DrafterConfigError(f"{path}: field 'ids' must hold distinct token ids in "
+                                 f"[0, {vocab_size}) (vocab_size)")
+    return torch.tensor(sorted(ids), dtype=torch.int64)
+
+
+def build_draft_vocab(data: str | Path, size: int, max_id: int | None = None) -> list[int]:
+    """The `size` most frequent tokens of the answers (`output_ids`) of a regenerated JSONL with
+    record ids <= max_id (ties: lower id first), plus ALWAYS; ascending."""
+    counts: Counter[int] = Counter()
+    with open(data) as f:
+        for line in f:
+            rec = json.loads(line)
+            if max_id is None or rec["id"] <= max_id:
+                counts.update(rec["output_ids"])
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))
+    keep = set(ALWAYS)
+    for t in ranked:
+        if len(keep) >= size:
+            break
+        keep.add(t)
+    return sorted(keep)
+
+
+def write_draft_vocab(folder: str | Path, ids: list[int], source: str,
+                      max_id: int | None) -> Path:
+    """Write folder/draft_vocab.json atomically (a temporary file renamed over it)."""
+    path = Path(folder) / FILE
+    tmp = path.with_suffix(".json.tmp")
+    doc = {"size": len(ids), "source": source, "max_id": max_id, "ids": ids}
+    tmp.write_text(json.dumps(doc) + "\n")
+    tmp.replace(path)
+    return path
