@@ -104,6 +104,7 @@ train-drafter: regenerate
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
 		--max-tokens 128 $(RUN_DIR7)/drafter $(RUN_DIR8)/drafter
 	cp $(RUN_DIR8)/drafter/config.json $(RUN_DIR8)/drafter/model.safetensors $(SHIPPED)/
+	$(BIN)/domino-sglang draft-vocab $(SHIPPED) --data $(REGEN_DATA) --size 8192 --max-id 3850
 
 # Stage 4 (not shipped: see its recipe): continues stage 3 on 2.5x the data, then compares the two
 # on answers no stage saw (ShareGPT ids 3401..3800).
