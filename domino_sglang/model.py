@@ -190,8 +190,10 @@ def init_drafter_weights(conf: DraftConfig, seed: int = 0, std: float = 0.02) ->
     return out
 
 
-def save_drafter(out, config: dict, state: dict, dtype: torch.dtype = torch.bfloat16) -> None:
-    """Write config.json + model.safetensors atomically (temp folder, then rename)."""
+def save_drafter(out, config: dict, state: dict, dtype: torch.dtype = torch.bfloat16,
+                 extra_files: dict[str, str] | None = None) -> None:
+    """Write config.json + model.safetensors (+ extra_files: name -> text, e.g. the draft
+    vocabulary) atomically (temp folder, then rename)."""
     import json
     import shutil
     import tempfile
@@ -206,6 +208,8 @@ def save_drafter(out, config: dict, state: dict, dtype: torch.dtype = torch.bflo
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file({k: v.detach().to(dtype).contiguous() for k, v in state.items()},
                   str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
         tmp.chmod(0o755)
         if out.exists():
             shutil.rmtree(out)

@@ -29,11 +29,13 @@ ENV = "DOMINO_DRAFT_VOCAB"
 ALWAYS = (1, 2)  # <|im_start|>, <|im_end|> (eos) of the SmolLM2 chat template
 
 
-def load_draft_vocab(folder: str | Path, vocab_size: int) -> torch.Tensor | None:
+def load_draft_vocab(folder: str | Path, vocab_size: int, honour_env: bool = True
+                     ) -> torch.Tensor | None:
     """The draft vocabulary of the drafter in `folder` as token ids [Vd] (int64, ascending), or
-    None (no file, or DOMINO_DRAFT_VOCAB=0). A bad file raises, naming the field."""
+    None (no file, or DOMINO_DRAFT_VOCAB=0 unless honour_env is False). A bad file raises,
+    naming the field."""
     path = Path(folder) / FILE
-    if os.environ.get(ENV, "1") == "0" or not path.is_file():
+    if (honour_env and os.environ.get(ENV, "1") == "0") or not path.is_file():
         return None
     try:
         doc = json.loads(path.read_text())
@@ -67,12 +69,16 @@ def build_draft_vocab(data: str | Path, size: int, max_id: int | None = None) ->
     return sorted(keep)
 
 
+def draft_vocab_text(ids: list[int], source: str, max_id: int | None) -> str:
+    """The contents of a draft_vocab.json."""
+    return json.dumps({"size": len(ids), "source": source, "max_id": max_id, "ids": ids}) + "\n"
+
+
 def write_draft_vocab(folder: str | Path, ids: list[int], source: str,
                       max_id: int | None) -> Path:
     """Write folder/draft_vocab.json atomically (a temporary file renamed over it)."""
     path = Path(folder) / FILE
     tmp = path.with_suffix(".json.tmp")
-    doc = {"size": len(ids), "source": source, "max_id": max_id, "ids": ids}
-    tmp.write_text(json.dumps(doc) + "\n")
+    tmp.write_text(draft_vocab_text(ids, source, max_id))
     tmp.replace(path)
     return path

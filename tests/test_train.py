@@ -72,6 +72,60 @@ def test_curriculum_mixes_the_two_losses():
     assert float(loss.detach()) == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.parametrize("keep", [None, [0, 2, 3, 5, 7, 8]])
+def test_draft_vocab_loss_is_the_masked_full_loss(keep):
+    """Over a draft vocabulary the loss, its gradient and the accuracies are the full-vocabulary
+    ones with the logits outside it at -inf and the labels outside it left out of the CE (but
+    counted as misses); the whole vocabulary as draft vocabulary changes nothing."""
+    import torch.nn.functional as F
+
+    from domino_sglang.train.curriculum import IGNORE, weighted_ce
+
+    z, prev, labels, lm, gru, proj = _head_and_inputs(seed=3)
+    v = lm.shape[0]
+    vocab = torch.arange(v) if keep is None else torch.tensor(keep)
+    labels[0, 1] = IGNORE
+    g = torch.Generator().manual_seed(4)
+    z0, y0 = torch.randn(5, z.shape[-1], generator=g), torch.tensor([0, 1, 4, 8, 10])
+    lam, gamma = 0.4, 7.0
+    loss, st = block_loss(z, prev, labels, lm, gru, proj, lam, gamma, (z0, y0), vocab)
+    loss.backward()
+    grad, proj_grad = z.grad.clone(), proj[2].weight.grad.clone()
+
+    z.grad = None
+    proj.zero_grad()
+    outside = torch.ones(v, dtype=torch.bool).index_fill_(0, vocab, False)  # [V]
+
+    def ce_labels(y):  # IGNORE outside the vocabulary
+        return torch.where(outside[y.clamp_min(0)], IGNORE, y)
+
+    base = F.linear(z, lm).masked_fill(outside, float("-inf"))  # [N, P, V]
+    s, _ = gru(prev)
+    corr = proj(torch.cat((z[:, 1:], s[:, 1:]), dim=-1))
+    final = torch.cat((base[:, :1], base[:, 1:] + corr), dim=1)
+    first = F.linear(z0, lm).masked_fill(outside, float("-inf"))  # [M, V]
+    y0_ce = ce_labels(y0)
+    extra = (F.cross_entropy(first, y0_ce, ignore_index=IGNORE, reduction="sum"),
+             (y0_ce != IGNORE).sum())
+    w = position_weights(z.shape[1], gamma)
+    ref = ((1 - lam) * weighted_ce(final, ce_labels(labels), w, extra)
+           + lam * weighted_ce(base, ce_labels(labels), w, extra))
+    ref.backward()
+    assert float(loss.detach()) == pytest.approx(float(ref.detach()), rel=1e-5)
+    assert torch.allclose(grad, z.grad, atol=1e-6)
+    assert torch.allclose(proj_grad, proj[2].weight.grad, atol=1e-6)
+    assert proj_grad[outside].abs().sum() == 0  # rows outside the vocabulary are not trained
+    valid = labels != IGNORE
+    assert st["valid"] == [int(x) + (5 if k == 0 else 0) for k, x in enumerate(valid.sum(0))]
+    hit0 = int((first.argmax(-1) == y0).sum())
+    assert st["correct_base"] == [int(x) + (hit0 if k == 0 else 0) for k, x in
+                                  enumerate(((base.argmax(-1) == labels) & valid).sum(0))]
+    assert st["correct_final"] == [int(x) + (hit0 if k == 0 else 0) for k, x in
+                                   enumerate(((final.argmax(-1) == labels) & valid).sum(0))]
+    if keep is not None:  # the reduced case is not the full one in disguise
+        assert bool(outside[labels.clamp_min(0)].any()) and bool(outside[y0].any())
+
+
 def test_loss_decreases_on_a_tiny_run(tmp_path):
     conf = load_train_config(None, tiny_overrides(tmp_path, steps=30, log_every=5, lr=1e-2,
                                                   eval_every=30, save_every=30))
@@ -91,13 +145,14 @@ def test_loss_decreases_on_a_tiny_run(tmp_path):
     assert all(t.dtype == torch.bfloat16 for t in weights.values())
 
 
-def test_resume_equals_uninterrupted(tmp_path):
+@pytest.mark.parametrize("draft_vocab", [0, 40])
+def test_resume_equals_uninterrupted(tmp_path, draft_vocab):
     (tmp_path / "a").mkdir()
-    full = load_train_config(None, tiny_overrides(tmp_path / "a"))
+    full = load_train_config(None, tiny_overrides(tmp_path / "a", draft_vocab=draft_vocab))
     train(full, progress=False)
 
     (tmp_path / "b").mkdir()
-    part = load_train_config(None, tiny_overrides(tmp_path / "b"))
+    part = load_train_config(None, tiny_overrides(tmp_path / "b", draft_vocab=draft_vocab))
     train(part, progress=False, stop_at=3)  # "interrupted" right after the step-3 checkpoint
     state = torch.load(tmp_path / "b" / "run" / "checkpoint" / "state.pt", weights_only=True)
     assert state["step"] == 3
@@ -113,6 +168,14 @@ def test_resume_equals_uninterrupted(tmp_path):
 
     start = load_file(str(tmp_path / "a" / "run" / "init" / "model.safetensors"))
     assert any(not torch.equal(a[k], start[k].to(a[k].dtype)) for k in a)
+    from domino_sglang.vocab import build_draft_vocab, load_draft_vocab
+
+    exported = load_draft_vocab(tmp_path / "b" / "run" / "drafter", vocab_size=64)
+    if draft_vocab:  # the 40 commonest answer tokens of the 10 training records (ids 0..9)
+        assert exported.tolist() == build_draft_vocab(full.data, 40, max_id=9)
+        assert len(exported) == 40 < len(build_draft_vocab(full.data, 64, max_id=9))
+    else:
+        assert exported is None
 
 
 def test_data_order_is_a_pure_function_of_step_and_rank():
@@ -197,6 +260,8 @@ def test_max_id_fixes_a_stage_data_as_the_file_grows(tmp_path):
     assert [r["id"] for r in load_records(tmp_path / "data.jsonl", 64)] == list(range(12))
     assert [r["id"] for r in load_records(tmp_path / "data.jsonl", 64, max_id=7)] == \
         list(range(8))
+    with pytest.raises(TrainConfigError, match="'draft_vocab' must be >= 0"):
+        load_train_config(None, {"data": "d", "out": "o", "draft_vocab": -1})
     with pytest.raises(TrainConfigError, match="'max_id' must be -1"):
         load_train_config(None, {"data": "d", "out": "o", "max_id": -2})
 

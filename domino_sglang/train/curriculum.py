@@ -13,6 +13,11 @@ With lambda = 1 the head is not evaluated at all (no gradient reaches it); the b
 learns to draft on its own, then the head learns to correct it (Domino paper, section 5 of
 shared/notes/domino-method.md). tau_sim = 1 + sum_k prod_{i<=k} acc_i is the cheap proxy of the
 acceptance length that greedy verification would see.
+
+With a draft vocabulary (vocab.py; token ids [Vd]) the logits are the Vd rows of the lm_head and
+of the head's output projection only, as the worker serves them: the softmax runs over Vd tokens,
+a label outside them is left out of the loss (it cannot be drafted) but counts as a miss in the
+accuracies. 6x fewer logit rows at Vd = 8,192 of V = 49,152.
 """
 
 from __future__ import annotations
@@ -57,56 +62,79 @@ def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tenso
 
 
 def head_correction(prefix_gru: nn.GRU, embed_proj: nn.Sequential, z: torch.Tensor,
-                    prev_embeds: torch.Tensor) -> torch.Tensor:
+                    prev_embeds: torch.Tensor, vocab: torch.Tensor | None = None
+                    ) -> torch.Tensor:
     """Teacher-forced correction for positions 1..P-1.
 
     z [N, P, H] backbone states of the P label positions; prev_embeds [N, P, H] target embeddings
-    of x_a .. x_{a+P-1} (the GRU inputs). Returns [N, P-1, V] (added to base[:, 1:]).
+    of x_a .. x_{a+P-1} (the GRU inputs). Returns [N, P-1, V] (added to base[:, 1:]), or
+    [N, P-1, Vd] over the draft vocabulary `vocab` [Vd].
     """
     s, _ = prefix_gru(prev_embeds.to(prefix_gru.weight_ih_l0.dtype))  # [N, P, G]; s[:, k] = s_k
-    return embed_proj(torch.cat((z[:, 1:], s[:, 1:]), dim=-1))  # [N, P-1, V]
+    x = torch.cat((z[:, 1:], s[:, 1:]), dim=-1)  # [N, P-1, H+G]
+    if vocab is None:
+        return embed_proj(x)  # [N, P-1, V]
+    hidden = embed_proj[1](embed_proj[0](x))  # [N, P-1, E]: silu(W1 [z; s])
+    return F.linear(hidden, embed_proj[2].weight[vocab])  # [N, P-1, Vd]: W2's rows at vocab
+
+
+def vocab_labels(labels: torch.Tensor, vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Token-id labels -> indices into the draft vocabulary `vocab` [Vd]; IGNORE for a label
+    outside it (and for IGNORE)."""
+    index = torch.full((vocab_size,), IGNORE, dtype=torch.long, device=labels.device)
+    index[vocab] = torch.arange(len(vocab), device=labels.device)
+    return torch.where(labels == IGNORE, IGNORE, index[labels.clamp_min(0)])
 
 
 def block_loss(z: torch.Tensor, prev_embeds: torch.Tensor, labels: torch.Tensor,
                lm_head_weight: torch.Tensor, prefix_gru: nn.GRU, embed_proj: nn.Sequential,
                lam: float, gamma: float,
-               first: tuple[torch.Tensor, torch.Tensor] | None = None
-               ) -> tuple[torch.Tensor, dict]:
+               first: tuple[torch.Tensor, torch.Tensor] | None = None,
+               vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """The curriculum loss of N blocks and its per-position accuracies.
 
-    z [N, P, H] (P = B-1 label positions), prev_embeds [N, P, H], labels [N, P].
+    z [N, P, H] (P = B-1 label positions), prev_embeds [N, P, H], labels [N, P] (token ids).
     first = (z0 [M, H], y0 [M]): position 0 of M more blocks. final_0 = base_0 (the head never
     corrects the first draft), so they enter both CE terms with weight w_0 = 1 and cost one
     lm_head row each instead of P.
+    vocab: the draft vocabulary [Vd] (token ids; None = all V): logits over it only.
     Returns (loss, stats) with stats = base/final CE and per-position accuracy counts.
     """
     n, p, h = z.shape
     w = position_weights(p, gamma, z.device)
-    base = F.linear(z.reshape(n * p, h), lm_head_weight).view(n, p, -1).float()  # [N, P, V]
+    rows = lm_head_weight if vocab is None else lm_head_weight[vocab]  # [V or Vd, H]
+    ys = labels if vocab is None else vocab_labels(labels, vocab, lm_head_weight.shape[0])
+    base = F.linear(z.reshape(n * p, h), rows).view(n, p, -1).float()  # [N, P, V or Vd]
     extra = first_logits = None
     if first is not None and first[1].numel():
-        first_logits = F.linear(first[0], lm_head_weight).float()  # [M, V]
-        extra = (F.cross_entropy(first_logits, first[1], ignore_index=IGNORE, reduction="sum"),
-                 (first[1] != IGNORE).sum())
-    ce_base = weighted_ce(base, labels, w, extra)
+        y0 = first[1] if vocab is None else vocab_labels(first[1], vocab, lm_head_weight.shape[0])
+        first_logits = F.linear(first[0], rows).float()  # [M, V or Vd]
+        extra = (F.cross_entropy(first_logits, y0, ignore_index=IGNORE, reduction="sum"),
+                 (y0 != IGNORE).sum())
+    ce_base = weighted_ce(base, ys, w, extra)
     if lam >= 1.0:
         final, ce_final, loss = base, ce_base, ce_base
     else:
-        corr = head_correction(prefix_gru, embed_proj, z, prev_embeds).float()
-        final = torch.cat((base[:, :1], base[:, 1:] + corr), dim=1)  # [N, P, V]
-        ce_final = weighted_ce(final, labels, w, extra)
+        corr = head_correction(prefix_gru, embed_proj, z, prev_embeds, vocab).float()
+        final = torch.cat((base[:, :1], base[:, 1:] + corr), dim=1)  # [N, P, V or Vd]
+        ce_final = weighted_ce(final, ys, w, extra)
         loss = (1.0 - lam) * ce_final + lam * ce_base
-    valid = labels != IGNORE
+    valid = labels != IGNORE  # a label outside the draft vocabulary is valid: always a miss
+
+    def token(idx: torch.Tensor) -> torch.Tensor:  # logit index -> token id
+        return idx if vocab is None else vocab[idx]
+
     with torch.no_grad():
         stats = {
             "ce_base": float(ce_base), "ce_final": float(ce_final),
             "valid": valid.sum(0).tolist(),
-            "correct_base": ((base.argmax(-1) == labels) & valid).sum(0).tolist(),
-            "correct_final": ((final.argmax(-1) == labels) & valid).sum(0).tolist(),
+            "correct_base": ((token(base.argmax(-1)) == labels) & valid).sum(0).tolist(),
+            "correct_final": ((token(final.argmax(-1)) == labels) & valid).sum(0).tolist(),
         }
         if first_logits is not None:  # position 0: base = final
-            hit = int(((first_logits.argmax(-1) == first[1]) & (first[1] != IGNORE)).sum())
-            stats["valid"][0] += int(extra[1])
+            hit = int(((token(first_logits.argmax(-1)) == first[1])
+                       & (first[1] != IGNORE)).sum())
+            stats["valid"][0] += int((first[1] != IGNORE).sum())  # misses too
             stats["correct_base"][0] += hit
             stats["correct_final"][0] += hit
     return loss, stats

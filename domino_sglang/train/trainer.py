@@ -29,6 +29,8 @@ from torch import nn
 from domino_sglang.config import load_draft_config, make_draft_config
 from domino_sglang.model import DominoDrafter, init_drafter_weights, save_drafter
 from domino_sglang.train.curriculum import IGNORE, accuracies, block_loss, lambda_at, tau_sim
+from domino_sglang.vocab import FILE as VOCAB_FILE
+from domino_sglang.vocab import build_draft_vocab, load_draft_vocab, write_draft_vocab
 
 
 class TrainConfigError(ValueError):
@@ -75,6 +77,9 @@ class TrainConfig:
     threads: int = 0  # torch threads per process, 0 = leave torch's default
     seed: int = 0
     warm_start: bool = True  # fresh drafter: copy the target's last layers and final norm
+    draft_vocab: int = 0  # > 0: train over a draft vocabulary of this many tokens (vocab.py),
+    #                       the most frequent answer tokens of the training records, as served:
+    #                       6x fewer logit rows at 8,192; exported with the drafter. 0: all V
 
     def validate(self) -> TrainConfig:
         for key in ("data", "out"):
@@ -108,6 +113,9 @@ class TrainConfig:
         if self.max_id < -1:
             raise TrainConfigError(f"train: 'max_id' must be -1 (all) or a record id, "
                                    f"got {self.max_id}")
+        if self.draft_vocab < 0:
+            raise TrainConfigError(f"train: 'draft_vocab' must be >= 0 (0: the full vocabulary), "
+                                   f"got {self.draft_vocab}")
         if self.max_seq_len <= self.block_size:
             raise TrainConfigError("train: 'max_seq_len' must exceed 'block_size'")
         return self
@@ -240,8 +248,8 @@ class DrafterTrainModule(nn.Module):
         self.drafter = drafter
         self.register_buffer("embed_weight", embed_weight, persistent=False)
         self.register_buffer("lm_head_weight", lm_head_weight, persistent=False)
-        # token ids [Vd] the served rollout drafts from (vocab.py); evaluation only: the
-        # training loss is over the full vocabulary
+        # token ids [Vd] the served rollout drafts from (vocab.py): the loss and the rollouts
+        # run over it (None: the full vocabulary)
         self.draft_vocab = draft_vocab
 
     def forward(self, items: list[tuple], lam: float, gamma: float
@@ -263,7 +271,8 @@ class DrafterTrainModule(nn.Module):
         z, prev, lab = torch.cat(zs), torch.cat(prevs), torch.cat(labels)  # [N, P, ..]
         assert z.shape[1] == P
         return block_loss(z, prev, lab, self.lm_head_weight, self.drafter.prefix_gru,
-                          self.drafter.embed_proj, lam, gamma, (torch.cat(z0s), torch.cat(y0s)))
+                          self.drafter.embed_proj, lam, gamma, (torch.cat(z0s), torch.cat(y0s)),
+                          self.draft_vocab)
 
     def _blocks(self, ids: torch.Tensor, feats: torch.Tensor, anchors: list[int], B: int):
         """Draft every block of one sequence in one backbone pass.
@@ -482,13 +491,20 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
             if conf.warm_start:
                 weights.update(warm_start_weights(target, dconf0))
             save_drafter(seed_dir, dcfg, weights, dtype=torch.float32)
+    if rank == 0 and conf.draft_vocab and not (out / VOCAB_FILE).exists():  # fixed for resumes
+        top = max(r["id"] for r in train_recs)  # the held-out answers do not vote
+        write_draft_vocab(out, build_draft_vocab(conf.data, conf.draft_vocab, top),
+                          source=conf.data, max_id=top)
     if world > 1:
         torch.distributed.barrier()
     dconf = load_draft_config(seed_dir)
     drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).train()
     feats = TargetFeatures(target, list(dconf.target_layer_ids), getattr(torch, conf.feature_dtype),
                            out / "features" if conf.feature_cache else None)
-    module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+    vocab = (load_draft_vocab(out, dconf.vocab_size, honour_env=False) if conf.draft_vocab
+             else None)  # [Vd] token ids
+    export = {VOCAB_FILE: (out / VOCAB_FILE).read_text()} if vocab is not None else None
+    module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight, vocab)
     opt = torch.optim.AdamW(drafter.parameters(), lr=conf.lr, weight_decay=conf.weight_decay,
                             betas=(0.9, 0.95))
     step = 0
@@ -556,7 +572,8 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
                 bar.write(_eval_line(ev))
         if rank == 0 and (step % conf.save_every == 0 or step == conf.steps):
             _save_checkpoint(out, drafter, opt, step, conf)
-            save_drafter(out / "drafter", dcfg, drafter.state_dict(), dtype=torch.bfloat16)
+            save_drafter(out / "drafter", dcfg, drafter.state_dict(), dtype=torch.bfloat16,
+                         extra_files=export)
         if on_step is not None:
             on_step(step, drafter)
         if stop_at is not None and step >= stop_at:
