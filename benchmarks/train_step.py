@@ -1,0 +1,96 @@
+"""What a training step costs, full vocabulary vs a draft vocabulary (TrainConfig draft_vocab).
+
+Runs the real trainer (`train`) for a few steps per variant on a recipe's data, init drafter and
+cached target features (the run folder's features/, linked, so no target forward is timed), and
+reports the median wall time of a step (forward, backward, optimiser) after a warm-up. The
+variants see the same records and anchors (the data order is a function of seed and step).
+
+    python benchmarks/train_step.py --recipe domino_sglang/train/recipes/smollm2-135m-stage9.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def time_steps(recipe: Path, features: Path, draft_vocab: int, steps: int, warmup: int,
+               scratch: Path) -> list[float]:
+    """Seconds per step (after `warmup` steps) of `steps` trainer steps."""
+    from domino_sglang.train.trainer import load_train_config, train
+
+    out = scratch / f"vocab-{draft_vocab}"
+    out.mkdir(parents=True)
+    (out / "features").symlink_to(features.resolve(), target_is_directory=True)
+    conf = load_train_config(recipe, {"out": str(out), "steps": steps, "draft_vocab": draft_vocab,
+                                      "eval_records": 0, "save_every": steps,
+                                      "log_every": steps})
+    stamps: list[float] = []
+    train(conf, progress=False, on_step=lambda step, _: stamps.append(time.perf_counter()))
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return gaps[warmup:-1]  # the last step also saves the checkpoint
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", type=Path, required=True, help="TOML recipe (data, init, sizes)")
+    ap.add_argument("--features", type=Path, default=None,
+                    help="target feature cache to reuse (default: the recipe's out/features)")
+    ap.add_argument("--variants", nargs="+", type=int, default=[0, 8192],
+                    help="draft_vocab values (0: the full vocabulary)")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="train_step")
+    args = ap.parse_args()
+    if args.steps < args.warmup + 3:
+        ap.error("--steps must exceed --warmup by at least 3")
+    if any(v < 0 for v in args.variants):
+        ap.error("--variants must be >= 0")
+    from domino_sglang.train.trainer import load_train_config
+
+    recipe = load_train_config(args.recipe)
+    features = args.features or Path(recipe.out) / "features"
+    if not features.is_dir():
+        ap.error(f"--features {features} is not a folder (train the recipe once, or pass one)")
+    torch.set_num_threads(args.threads)
+
+    prov = provenance.collect()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="train-step-") as tmp:
+        for v in args.variants:
+            gaps = time_steps(args.recipe, features, v, args.steps, args.warmup, Path(tmp))
+            rows.append({"draft_vocab": v or "full", "median_s_per_step":
+                         round(statistics.median(gaps), 3), "steps_timed": len(gaps)})
+            print(json.dumps(rows[-1]), flush=True)
+    base = rows[0]["median_s_per_step"]
+    for row in rows:
+        row["vs_first"] = round(row["median_s_per_step"] / base, 3)
+    doc = {"provenance": prov, "recipe": str(args.recipe), "threads": args.threads,
+           "steps": args.steps, "warmup": args.warmup, "rows": rows}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    lines = [f"## Training step time by draft vocabulary ({args.recipe.name}, {args.threads} "
+             f"threads)", "", provenance.markdown_header(prov),
+             f"- {args.steps} steps per variant, the first {args.warmup} and the last (checkpoint) "
+             "not timed; target features from the cache", "",
+             "| draft vocabulary | median s/step | vs first | steps timed |", "|---|---|---|---|"]
+    lines += [f"| {r['draft_vocab']} | {r['median_s_per_step']} | {r['vs_first']}x | "
+              f"{r['steps_timed']} |" for r in rows]
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
