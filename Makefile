@@ -84,6 +84,8 @@ RECIPE7    ?= domino_sglang/train/recipes/smollm2-135m-stage7.toml
 RUN_DIR7   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage7
 RECIPE8    ?= domino_sglang/train/recipes/smollm2-135m-stage8.toml
 RUN_DIR8   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage8
+RECIPE9    ?= domino_sglang/train/recipes/smollm2-135m-stage9.toml
+RUN_DIR9   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage9
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 regenerate: target
@@ -101,10 +103,12 @@ train-drafter: regenerate
 		--init $(RUN_DIR5)/drafter
 	$(BIN)/domino-sglang train --config $(RECIPE8) --data $(REGEN_DATA) --out $(RUN_DIR8) \
 		--init $(RUN_DIR7)/drafter
+	$(BIN)/domino-sglang train --config $(RECIPE9) --data $(REGEN_DATA) --out $(RUN_DIR9) \
+		--init $(RUN_DIR8)/drafter
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
-		--max-tokens 128 $(RUN_DIR7)/drafter $(RUN_DIR8)/drafter
-	cp $(RUN_DIR8)/drafter/config.json $(RUN_DIR8)/drafter/model.safetensors $(SHIPPED)/
-	$(BIN)/domino-sglang draft-vocab $(SHIPPED) --data $(REGEN_DATA) --size 8192 --max-id 3850
+		--max-tokens 128 $(RUN_DIR8)/drafter $(RUN_DIR9)/drafter
+	cp $(RUN_DIR9)/drafter/config.json $(RUN_DIR9)/drafter/model.safetensors $(SHIPPED)/
+	$(BIN)/domino-sglang draft-vocab $(SHIPPED) --data $(REGEN_DATA) --size 8192 --max-id 4604
 
 # Stage 4 (not shipped: see its recipe): continues stage 3 on 2.5x the data, then compares the two
 # on answers no stage saw (ShareGPT ids 3401..3800).
