@@ -77,6 +77,7 @@ def main() -> None:
         sets = {"sharegpt": records}
         dtype = args.feature_dtype or "float32"
     feats = None
+    all_rounds: dict[Path, list[int]] = {}  # folder -> verify rounds per answer, sets in order
     for folder in args.drafters:
         dconf = load_draft_config(folder)
         if feats is None:
@@ -88,10 +89,23 @@ def main() -> None:
         for name, records in sets.items():
             taus = rollout_tau(module, feats, records, conf)
             rounds = [replay_rounds(module, feats, r) for r in records]
+            all_rounds.setdefault(folder, []).extend(rounds)
             generated = sum(len(r["ids"]) - r["start"] for r in records)
             print(folder, name, json.dumps({**{k: round(v, 3) for k, v in taus.items()},
                                             "tau_replay": round(generated / sum(rounds), 3),
                                             "rounds": rounds}), flush=True)
+    print_round_changes(all_rounds)
+
+
+def print_round_changes(all_rounds: dict[Path, list[int]]) -> None:
+    """Each later drafter against the first, answer by answer: total verify rounds and on how
+    many answers it needs fewer / equally many / more rounds (fewer rounds = faster)."""
+    (first, base), *others = all_rounds.items()
+    for folder, rounds in others:
+        fewer = sum(r < b for r, b in zip(rounds, base))
+        equal = sum(r == b for r, b in zip(rounds, base))
+        print(f"{folder} vs {first}: rounds {sum(base)} -> {sum(rounds)} over {len(base)} "
+              f"answers (fewer on {fewer}, {equal} equal, {len(base) - fewer - equal} more)")
 
 
 def eval_records(name: str, limit: int, max_tokens: int, url: str | None, max_seq_len: int
