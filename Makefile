@@ -86,6 +86,8 @@ RECIPE8    ?= domino_sglang/train/recipes/smollm2-135m-stage8.toml
 RUN_DIR8   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage8
 RECIPE9    ?= domino_sglang/train/recipes/smollm2-135m-stage9.toml
 RUN_DIR9   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage9
+RECIPE10   ?= domino_sglang/train/recipes/smollm2-135m-stage10.toml
+RUN_DIR10  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage10
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 regenerate: target
@@ -109,6 +111,12 @@ train-drafter: regenerate
 		--max-tokens 128 $(RUN_DIR8)/drafter $(RUN_DIR9)/drafter
 	cp $(RUN_DIR9)/drafter/config.json $(RUN_DIR9)/drafter/model.safetensors $(SHIPPED)/
 	$(BIN)/domino-sglang draft-vocab $(SHIPPED) --data $(REGEN_DATA) --size 8192 --max-id 4604
+	$(BIN)/domino-sglang train --config $(RECIPE10) --data $(REGEN_DATA) --out $(RUN_DIR10) \
+		--init $(RUN_DIR9)/drafter
+	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
+		--max-tokens 128 $(SHIPPED) $(RUN_DIR10)/drafter
+	cp $(RUN_DIR10)/drafter/config.json $(RUN_DIR10)/drafter/model.safetensors \
+		$(RUN_DIR10)/drafter/draft_vocab.json $(SHIPPED)/
 
 # Stage 4 (not shipped: see its recipe): continues stage 3 on 2.5x the data, then compares the two
 # on answers no stage saw (ShareGPT ids 3401..3800).

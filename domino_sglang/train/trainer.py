@@ -494,7 +494,7 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
     if rank == 0 and conf.draft_vocab and not (out / VOCAB_FILE).exists():  # fixed for resumes
         top = max(r["id"] for r in train_recs)  # the held-out answers do not vote
         write_draft_vocab(out, build_draft_vocab(conf.data, conf.draft_vocab, top),
-                          source=conf.data, max_id=top)
+                          source=Path(conf.data).name, max_id=top)
     if world > 1:
         torch.distributed.barrier()
     dconf = load_draft_config(seed_dir)
