@@ -88,6 +88,8 @@ RECIPE9    ?= domino_sglang/train/recipes/smollm2-135m-stage9.toml
 RUN_DIR9   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage9
 RECIPE10   ?= domino_sglang/train/recipes/smollm2-135m-stage10.toml
 RUN_DIR10  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage10
+RECIPE11   ?= domino_sglang/train/recipes/smollm2-135m-stage11.toml
+RUN_DIR11  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage11
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 regenerate: target
@@ -117,6 +119,12 @@ train-drafter: regenerate
 		--max-tokens 128 $(SHIPPED) $(RUN_DIR10)/drafter
 	cp $(RUN_DIR10)/drafter/config.json $(RUN_DIR10)/drafter/model.safetensors \
 		$(RUN_DIR10)/drafter/draft_vocab.json $(SHIPPED)/
+	$(BIN)/domino-sglang train --config $(RECIPE11) --data $(REGEN_DATA) --out $(RUN_DIR11) \
+		--init $(RUN_DIR10)/drafter
+	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
+		--max-tokens 128 $(SHIPPED) $(RUN_DIR11)/drafter
+	cp $(RUN_DIR11)/drafter/config.json $(RUN_DIR11)/drafter/model.safetensors \
+		$(RUN_DIR11)/drafter/draft_vocab.json $(SHIPPED)/
 
 # Stage 4 (not shipped: see its recipe): continues stage 3 on 2.5x the data, then compares the two
 # on answers no stage saw (ShareGPT ids 3401..3800).
