@@ -92,6 +92,17 @@ RECIPE11   ?= domino_sglang/train/recipes/smollm2-135m-stage11.toml
 RUN_DIR11  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage11
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
+# $(call next_stage,RECIPE,RUN_DIR,INIT_RUN_DIR): train a stage from the previous one's drafter,
+# compare it with the shipped drafter on the evaluation prompts, ship it with the draft vocabulary
+# it was trained over.
+define next_stage
+	$(BIN)/domino-sglang train --config $(1) --data $(REGEN_DATA) --out $(2) --init $(3)/drafter
+	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
+		--max-tokens 128 $(SHIPPED) $(2)/drafter
+	cp $(2)/drafter/config.json $(2)/drafter/model.safetensors $(2)/drafter/draft_vocab.json \
+		$(SHIPPED)/
+endef
+
 regenerate: target
 	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --limit $(REGEN_N) --concurrency 64
 
@@ -113,18 +124,8 @@ train-drafter: regenerate
 		--max-tokens 128 $(RUN_DIR8)/drafter $(RUN_DIR9)/drafter
 	cp $(RUN_DIR9)/drafter/config.json $(RUN_DIR9)/drafter/model.safetensors $(SHIPPED)/
 	$(BIN)/domino-sglang draft-vocab $(SHIPPED) --data $(REGEN_DATA) --size 8192 --max-id 4604
-	$(BIN)/domino-sglang train --config $(RECIPE10) --data $(REGEN_DATA) --out $(RUN_DIR10) \
-		--init $(RUN_DIR9)/drafter
-	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
-		--max-tokens 128 $(SHIPPED) $(RUN_DIR10)/drafter
-	cp $(RUN_DIR10)/drafter/config.json $(RUN_DIR10)/drafter/model.safetensors \
-		$(RUN_DIR10)/drafter/draft_vocab.json $(SHIPPED)/
-	$(BIN)/domino-sglang train --config $(RECIPE11) --data $(REGEN_DATA) --out $(RUN_DIR11) \
-		--init $(RUN_DIR10)/drafter
-	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
-		--max-tokens 128 $(SHIPPED) $(RUN_DIR11)/drafter
-	cp $(RUN_DIR11)/drafter/config.json $(RUN_DIR11)/drafter/model.safetensors \
-		$(RUN_DIR11)/drafter/draft_vocab.json $(SHIPPED)/
+	$(call next_stage,$(RECIPE10),$(RUN_DIR10),$(RUN_DIR9))
+	$(call next_stage,$(RECIPE11),$(RUN_DIR11),$(RUN_DIR10))
 
 # Stage 4 (not shipped: see its recipe): continues stage 3 on 2.5x the data, then compares the two
 # on answers no stage saw (ShareGPT ids 3401..3800).
