@@ -16,6 +16,7 @@ from domino_sglang.train.trainer import (
     load_train_config,
     sample_anchors,
     sample_block_anchors,
+    sample_draft_lengths,
     step_records,
     train,
 )
@@ -145,14 +146,16 @@ def test_loss_decreases_on_a_tiny_run(tmp_path):
     assert all(t.dtype == torch.bfloat16 for t in weights.values())
 
 
-@pytest.mark.parametrize("draft_vocab", [0, 40])
-def test_resume_equals_uninterrupted(tmp_path, draft_vocab):
+@pytest.mark.parametrize("draft_vocab, short_blocks", [(0, 0.0), (40, 0.0), (0, 0.5)])
+def test_resume_equals_uninterrupted(tmp_path, draft_vocab, short_blocks):
     (tmp_path / "a").mkdir()
-    full = load_train_config(None, tiny_overrides(tmp_path / "a", draft_vocab=draft_vocab))
+    full = load_train_config(None, tiny_overrides(tmp_path / "a", draft_vocab=draft_vocab,
+                                                  short_blocks=short_blocks))
     train(full, progress=False)
 
     (tmp_path / "b").mkdir()
-    part = load_train_config(None, tiny_overrides(tmp_path / "b", draft_vocab=draft_vocab))
+    part = load_train_config(None, tiny_overrides(tmp_path / "b", draft_vocab=draft_vocab,
+                                                  short_blocks=short_blocks))
     train(part, progress=False, stop_at=3)  # "interrupted" right after the step-3 checkpoint
     state = torch.load(tmp_path / "b" / "run" / "checkpoint" / "state.pt", weights_only=True)
     assert state["step"] == 3
@@ -240,6 +243,8 @@ def test_config_errors_name_the_key(tmp_path):
         load_train_config(None, {"data": "d", "out": "o", "lambda_decay_frac": 2.0})
     with pytest.raises(TrainConfigError, match="'data' is required"):
         load_train_config(None, {"out": "o"})
+    with pytest.raises(TrainConfigError, match="'short_blocks' must be in"):
+        load_train_config(None, {"data": "d", "out": "o", "short_blocks": 1.5})
     with pytest.raises(TrainConfigError, match="'first_anchors' must be >= 0"):
         load_train_config(None, {"data": "d", "out": "o", "first_anchors": -1})
     with pytest.raises(TrainConfigError, match="'compute_dtype' must be bfloat16 or float32"):
@@ -349,6 +354,45 @@ def test_first_draft_anchors_equal_blocks_with_later_labels_ignored(tmp_path):
         assert grads[0].shape == grads[1].shape
         err = (grads[0] - grads[1]).abs().max() / grads[1].abs().max()
         assert err < 1e-5, (lam, float(err))
+
+
+def test_short_block_equals_a_block_of_that_length_alone(tmp_path):
+    """A block drafted at length L inside a full-width pass (short_blocks) is the block
+    [x_a, MASK x (L-1)] drafted on its own: the same z at its L-1 positions, the same labels
+    there and IGNORE after, whatever the other blocks' lengths."""
+    from domino_sglang.train import trainer as tr
+    from domino_sglang.train.curriculum import IGNORE
+
+    conf = load_train_config(None, tiny_overrides(tmp_path, steps=1))
+    train(conf, progress=False)
+    dconf = tr.load_draft_config(tmp_path / "run" / "drafter")
+    feats = tr.TargetFeatures(conf.target, list(dconf.target_layer_ids), torch.float32)
+    module = tr.DrafterTrainModule(tr.DominoDrafter.from_pretrained(dconf), feats.embed_weight,
+                                   feats.lm_head_weight)
+    rec = tr.load_records(conf.data, conf.max_seq_len)[0]
+    ids, f, B = torch.tensor(rec["ids"]), feats(rec), conf.block_size
+    anchors = sample_anchors(rec["start"], len(rec["ids"]), 4, torch.Generator().manual_seed(3))
+    lengths = torch.tensor([2, B, 3, B - 1])[: len(anchors)]
+    with torch.no_grad():
+        z, _, lab = module._blocks(ids, f, anchors, B, lengths)  # [n, B-1, H], [n, B-1]
+        z_full, _, _ = module._blocks(ids, f, anchors, B)
+        for j, (a, n) in enumerate(zip(anchors, lengths.tolist())):
+            alone, _, lab_alone = module._blocks(ids, f, [a], n)  # [1, n-1, H]
+            torch.testing.assert_close(z[j, : n - 1], alone[0], atol=1e-5, rtol=1e-4)
+            assert lab[j, : n - 1].tolist() == lab_alone[0].tolist()
+            assert (lab[j, n - 1:] == IGNORE).all()
+            if n < B:  # the masked-out positions did matter: the full block drafts otherwise
+                assert not torch.allclose(z[j, 0], z_full[j, 0], atol=1e-5)
+
+
+def test_draft_lengths_sample():
+    g = torch.Generator().manual_seed(0)
+    assert sample_draft_lengths(50, 16, 0.0, g).tolist() == [16] * 50
+    lengths = sample_draft_lengths(4000, 16, 0.5, g)
+    assert int(lengths.min()) == 2 and int(lengths.max()) == 16
+    short = lengths < 16
+    assert 0.45 < float(short.float().mean()) < 0.55
+    assert set(lengths[short].tolist()) == set(range(2, 16))
 
 
 def test_first_draft_anchors_without_extra_are_the_plain_sample():

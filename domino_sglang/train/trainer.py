@@ -77,6 +77,9 @@ class TrainConfig:
     threads: int = 0  # torch threads per process, 0 = leave torch's default
     seed: int = 0
     warm_start: bool = True  # fresh drafter: copy the target's last layers and final norm
+    short_blocks: float = 0.0  # this fraction of the blocks is drafted at a random length
+    #                            2..B-1 (the mask positions after it absent, as a short
+    #                            round's draft pass would run it) instead of the full B
     draft_vocab: int = 0  # > 0: train over a draft vocabulary of this many tokens (vocab.py),
     #                       the most frequent answer tokens of the training records, as served:
     #                       6x fewer logit rows at 8,192; exported with the drafter. 0: all V
@@ -91,7 +94,7 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) <= 0:
                 raise TrainConfigError(f"train: '{key}' must be positive, got {getattr(self, key)}")
-        for key in ("warmup_frac", "lambda_decay_frac", "min_lr_frac"):
+        for key in ("warmup_frac", "lambda_decay_frac", "min_lr_frac", "short_blocks"):
             if not 0 <= getattr(self, key) <= 1:
                 raise TrainConfigError(
                     f"train: '{key}' must be in [0, 1], got {getattr(self, key)}")
@@ -196,6 +199,14 @@ def sample_block_anchors(start: int, length: int, full: int, first: int,
     return sorted(pick[:full]), sorted(pick[full:])
 
 
+def sample_draft_lengths(n: int, block_size: int, short_frac: float,
+                         generator: torch.Generator) -> torch.Tensor:
+    """[n] draft lengths: block_size, or with probability short_frac uniform in 2..B-1."""
+    short = torch.rand(n, generator=generator) < short_frac
+    lengths = torch.randint(2, block_size, (n,), generator=generator)
+    return torch.where(short, lengths, torch.full_like(lengths, block_size))
+
+
 class TargetFeatures:
     """The target's hidden states of the drafter's target layers, in the serving dtype.
 
@@ -254,14 +265,16 @@ class DrafterTrainModule(nn.Module):
 
     def forward(self, items: list[tuple], lam: float, gamma: float
                 ) -> tuple[torch.Tensor, dict]:
-        """items: (ids [T], features [T, K*H], anchors[, first-draft-only anchors]) per
-        sequence; all of a sequence's blocks are drafted in one backbone pass."""
+        """items: (ids [T], features [T, K*H], anchors[, first-draft-only anchors[, draft
+        lengths [n]]]) per sequence; all of a sequence's blocks are drafted in one backbone
+        pass."""
         conf = self.drafter.conf
         B, P = conf.block_size, conf.block_size - 1
         zs, prevs, labels, z0s, y0s = [], [], [], [], []
         for ids, feats, anchors, *rest in items:
             first = rest[0] if rest else []
-            z, prev, lab = self._blocks(ids, feats, list(anchors) + list(first), B)
+            lengths = rest[1] if len(rest) > 1 else None
+            z, prev, lab = self._blocks(ids, feats, list(anchors) + list(first), B, lengths)
             n = len(anchors)
             zs.append(z[:n])
             prevs.append(prev[:n])
@@ -274,10 +287,13 @@ class DrafterTrainModule(nn.Module):
                           self.drafter.embed_proj, lam, gamma, (torch.cat(z0s), torch.cat(y0s)),
                           self.draft_vocab)
 
-    def _blocks(self, ids: torch.Tensor, feats: torch.Tensor, anchors: list[int], B: int):
+    def _blocks(self, ids: torch.Tensor, feats: torch.Tensor, anchors: list[int], B: int,
+                lengths: torch.Tensor | None = None):
         """Draft every block of one sequence in one backbone pass.
 
         Returns z [n, B-1, H], GRU inputs [n, B-1, H] (embeds of x_a..x_{a+B-2}), labels [n, B-1].
+        lengths [n] (2..B, default B): block j is drafted as [x_a, MASK x (L_j - 1)] alone, i.e.
+        its keys past L_j are masked out and its labels from position L_j - 1 on are IGNORE.
         """
         conf = self.drafter.conf
         T, n = ids.shape[0], len(anchors)
@@ -291,6 +307,8 @@ class DrafterTrainModule(nn.Module):
         blk = torch.arange(n).repeat_interleave(B)  # [n*B] block index of each query
         ctx_ok = torch.arange(T)[None, :] < a[blk][:, None]
         own_ok = blk[:, None] == blk[None, :]
+        if lengths is not None:  # a short block's queries see only its first L_j positions
+            own_ok &= (offs.repeat(n) < lengths[blk])[None, :]
         mask = torch.cat((ctx_ok, own_ok), dim=1)
         rep = conf.num_heads // conf.num_kv_heads
 
@@ -305,6 +323,8 @@ class DrafterTrainModule(nn.Module):
         z = self.drafter.backbone(embeds, pos, attend).view(n, B, -1)[:, : B - 1]
         tgt = a[:, None] + offs[None, : B - 1]  # [n, B-1] positions of x_a .. x_{a+B-2}
         inside = tgt + 1 < T
+        if lengths is not None:
+            inside &= offs[None, : B - 1] < (lengths[:, None] - 1)
         lab = torch.where(inside, ids[(tgt + 1).clamp(max=T - 1)], torch.full_like(tgt, IGNORE))
         prev = F.embedding(ids[tgt.clamp(max=T - 1)], self.embed_weight)  # [n, B-1, H]
         return z, prev, lab
@@ -541,7 +561,11 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
             g = torch.Generator().manual_seed(conf.seed * 1_000_003 + step * 7919 + rec["id"])
             anchors, first = sample_block_anchors(rec["start"], len(rec["ids"]), conf.anchors,
                                                   conf.first_anchors, g)
-            items.append((torch.tensor(rec["ids"]), feats(rec), anchors, first))
+            item = (torch.tensor(rec["ids"]), feats(rec), anchors, first)
+            if conf.short_blocks > 0:  # drawn after the anchors: other runs' streams unchanged
+                item += (sample_draft_lengths(len(anchors) + len(first), conf.block_size,
+                                              conf.short_blocks, g),)
+            items.append(item)
         with torch.autocast(next(drafter.parameters()).device.type, dtype=torch.bfloat16,
                             enabled=conf.compute_dtype == "bfloat16"):
             loss, st = ddp(items, lam, conf.gamma)
