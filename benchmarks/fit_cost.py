@@ -11,6 +11,7 @@ costs 1 by definition). Prints the constants, the residuals per point and a `DOM
 value that a server can be started with to use them (or a `CostModel(...)` line for policy.py).
 
     python benchmarks/fit_cost.py benchmarks/results/round_cost_fp32.json
+    python benchmarks/fit_cost.py --short-draft benchmarks/results/round_cost_short_bf16.json
 """
 
 from __future__ import annotations
@@ -24,15 +25,18 @@ from pathlib import Path
 import numpy as np
 
 
-def measured_points(paths: list[Path]) -> list[tuple[int, int, float]]:
-    """(bs, L, cost in plain decode steps) for every L >= 2 point of the given tables."""
+def measured_points(paths: list[Path], short_draft: bool = False) -> list[tuple[int, int, float]]:
+    """(bs, L, cost in plain decode steps) for every L >= 2 point of the given tables: rounds
+    drafting the whole block, or (`short_draft`) only their L tokens (round_cost.py
+    --short-draft)."""
+    pattern = r"L=\d+ short draft" if short_draft else r"L=\d+"
     points = []
     for path in paths:
         table = json.loads(path.read_text())["cost_vs_ar_step"]
         for key, by_bs in table.items():
-            if not re.fullmatch(r"L=\d+", key):
+            if not re.fullmatch(pattern, key):
                 continue  # e.g. "L=1 (verify forward)": not a round the policy can choose
-            draft_len = int(key.removeprefix("L="))
+            draft_len = int(key.removeprefix("L=").split()[0])
             if draft_len >= 2:
                 points += [(int(bs), draft_len, float(cost)) for bs, cost in by_bs.items()]
     return points
@@ -52,13 +56,15 @@ def fit(points: list[tuple[int, int, float]]) -> tuple[float, float, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tables", nargs="+", type=Path, help="round_cost.py JSON output(s)")
+    ap.add_argument("--short-draft", action="store_true",
+                    help="fit the rounds drafting only their L tokens (a cpu-*-short profile)")
     args = ap.parse_args()
     for path in args.tables:
         if not path.is_file():
             print(f"fit_cost: no such file: {path}", file=sys.stderr)
             return 2
     try:
-        points = measured_points(args.tables)
+        points = measured_points(args.tables, args.short_draft)
         draft, slope_0, slope_per_req = fit(points)
     except (KeyError, ValueError, json.JSONDecodeError) as exc:
         print(f"fit_cost: {exc}", file=sys.stderr)

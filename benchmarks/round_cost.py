@@ -10,6 +10,8 @@ this machine's drift over minutes (+-30% and more) does not enter the ratio.
 The fitted constants of domino_sglang/policy.py come from this table (benchmarks/fit_cost.py).
 
     python benchmarks/round_cost.py --lens 1 2 4 8 16 --concurrency 1 4 16 32
+    python benchmarks/round_cost.py --lens 1 2 3 4 8 --concurrency 1 4 --short-draft
+(--short-draft: rounds of L < B tokens also timed drafting only those L, the cpu-*-short profiles)
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def main() -> None:
     ap.add_argument("--plain-verify", action="store_true",
                     help="also time L=1 as a one-token TARGET_VERIFY forward "
                          "(DOMINO_PLAIN_DECODE=0) next to the default DECODE forward")
+    ap.add_argument("--short-draft", action="store_true",
+                    help="also time each L >= 2 drafting only its L tokens "
+                         "(DOMINO_SHORT_DRAFT=1) next to drafting the whole block")
     ap.add_argument("--out", default="round_cost")
     args = ap.parse_args()
     if min(args.lens) < 1 or min(args.concurrency) < 1 or args.max_tokens < 2:
@@ -49,8 +54,13 @@ def main() -> None:
 
     drafter = args.drafter or str(shipped_drafter_dir())
     prov = provenance.collect()
-    servers = [(f"L={n}", ["--drafter", drafter], {"DOMINO_DRAFT_LEN": str(n)})
-               for n in args.lens]
+    servers = []
+    for n in args.lens:
+        servers.append((f"L={n}", ["--drafter", drafter],
+                        {"DOMINO_DRAFT_LEN": str(n), "DOMINO_SHORT_DRAFT": "0"}))
+        if args.short_draft and n >= 2:
+            servers.append((f"L={n} short draft", ["--drafter", drafter],
+                            {"DOMINO_DRAFT_LEN": str(n), "DOMINO_SHORT_DRAFT": "1"}))
     if args.plain_verify:
         servers.append(("L=1 (verify forward)", ["--drafter", drafter],
                         {"DOMINO_DRAFT_LEN": "1", "DOMINO_PLAIN_DECODE": "0"}))

@@ -6,7 +6,8 @@ Upstream layout (SpecForge / SGLang `DFlashDraftModel`, as released for Qwen3-4B
                   (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
                   head_dim, intermediate_size, rms_norm_eps, rope_theta, vocab_size), and
                   dflash_config {target_layer_ids, mask_token_id, projector_type: "domino",
-                  shift_label: true, pure_draft_prefix_len: 1, gru_hidden_dim, emb_dim}
+                  shift_label: true, pure_draft_prefix_len: 1, gru_hidden_dim, emb_dim; ours,
+                  optional: candidate_pool, short_draft}
     *.safetensors fc.weight [H, K*H], hidden_norm.weight [H], layers.N.* (Qwen3 decoder layers,
                   q_norm/k_norm), norm.weight [H], prefix_gru.weight_ih_l0 [3G, H],
                   prefix_gru.weight_hh_l0 [3G, G], embed_proj.0.weight [E, H+G],
@@ -57,6 +58,9 @@ class DraftConfig:
     shift_label: bool = True
     pure_draft_prefix_len: int = 1
     candidate_pool: int = DEFAULT_CANDIDATE_POOL  # head over the top-K base candidates; 0 = all
+    # trained on short blocks (train `short_blocks`): a round verifying L < B tokens drafts
+    # [x_t, MASK x (L-1)] only, not the whole block (worker.py `propose`)
+    short_draft: bool = False
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -182,6 +186,7 @@ def parse_draft_config(cfg: dict, path: str | Path, block_size: int | None = Non
         shift_label=_field(dcfg, "shift_label", bool, dwhere, True),
         pure_draft_prefix_len=_field(dcfg, "pure_draft_prefix_len", int, dwhere, 1),
         candidate_pool=_pool_field(dcfg, dwhere),
+        short_draft=_field(dcfg, "short_draft", bool, dwhere, False),
         raw=cfg,
     )
     if conf.num_heads % conf.num_kv_heads:

@@ -18,14 +18,22 @@ measured profile (`COSTS`), chosen by `cost_model(device, dtype)`:
   - "cpu-fp32": the same target in fp32 on a 2-core AMD EPYC, linears on packed oneDNN weights
     (cpu/linear.py; benchmarks/results/round_cost_fp32.md, least squares by fit_cost.py): the
     draft pass and each verified token cost more there relative to a plain step, so speculation
-    needs a better drafter to pay.
+    needs a better drafter to pay;
+  - "cpu-bf16-short": bf16 on the AMD EPYC with a drafter that drafts only the L tokens a round
+    verifies (config `short_draft`, worker.py `propose`): the draft pass shrinks with L, so its
+    price moves from DRAFT into the slope (round_cost_short_bf16.md, `round_cost.py
+    --short-draft`, least squares by `fit_cost.py --short-draft` over bs 1 and 4; larger
+    batches are extrapolated). L = 2 cost 1.26 / 1.07 plain steps at bs 1 / 4 drafting short,
+    1.39 / 1.16 drafting the whole block. fp32 with short drafts is unmeasured and keeps the
+    cpu-fp32 profile (an overestimate: the calibration below scales it down).
 A GPU has not been measured (no GPU here): it gets the cpu-bf16 constants, which overestimate what
 verifying more tokens costs on a GPU (the policy errs towards plain decoding there), scaled by the
 calibration below from the GPU's own round times (unverified without a GPU). Env
 DOMINO_COST=DRAFT,SLOPE_0,SLOPE_PER_REQ overrides the profile (what fit_cost.py prints).
 
 DRAFT is the draft pass (one backbone pass over the whole block plus the head's first step),
-paid by any speculative round whatever L; slope is the price of one more verified token per
+paid by any speculative round whatever L (drafting short blocks: its part that does not grow
+with L); slope is the price of one more verified token per
 request, growing with bs as the target's forward turns from memory-bound into compute-bound
 (bs * L tokens). Measured on the Xeon in bf16: L = 2 costs ~1.4 steps at bs 1..32; L = 16 costs
 ~1.7-2.2 steps at bs 1, ~2.4-3.0 at bs 4, ~4.1 at bs 16, ~4.3-5.3 at bs 32. On the AMD EPYC in
@@ -117,14 +125,17 @@ class CostModel:
 COSTS = {
     "cpu-bf16": CostModel(draft=0.35, slope_0=0.05, slope_per_req=0.0065),
     "cpu-fp32": CostModel(draft=0.599, slope_0=0.1088, slope_per_req=0.01466),
+    "cpu-bf16-short": CostModel(draft=0.126, slope_0=0.0622, slope_per_req=0.00375),
 }
 DEFAULT_COST = COSTS["cpu-bf16"]
 
 
-def cost_model(device: str, dtype: str, override: str | None = None) -> tuple[str, CostModel]:
+def cost_model(device: str, dtype: str, override: str | None = None,
+               short_draft: bool = False) -> tuple[str, CostModel]:
     """(profile name, constants) for a target on `device` ("cpu" / "cuda") in `dtype`
-    ("float32", "bfloat16", ...); `override` (default: env DOMINO_COST) =
-    "DRAFT,SLOPE_0,SLOPE_PER_REQ" replaces the profile."""
+    ("float32", "bfloat16", ...), drafting the whole block or (`short_draft`) only the L tokens
+    verified; `override` (default: env DOMINO_COST) = "DRAFT,SLOPE_0,SLOPE_PER_REQ" replaces
+    the profile."""
     if override is None:
         override = os.environ.get("DOMINO_COST")
     if override is not None:
@@ -139,7 +150,9 @@ def cost_model(device: str, dtype: str, override: str | None = None) -> tuple[st
                              f"got {override!r}")
         return "DOMINO_COST", CostModel(*values)
     if device == "cpu" and dtype.removeprefix("torch.") == "float32":
-        return "cpu-fp32", COSTS["cpu-fp32"]
+        return "cpu-fp32", COSTS["cpu-fp32"]  # short drafts unmeasured in fp32: see COSTS
+    if short_draft:
+        return "cpu-bf16-short", COSTS["cpu-bf16-short"]
     return "cpu-bf16", DEFAULT_COST
 
 

@@ -94,6 +94,7 @@ class DominoWorker(BaseSpecWorker):
         self.candidate_pool = candidate_pool_from_env(conf.candidate_pool)
         # DOMINO_HEAD=0: backbone only, i.e. the DFlash baseline from the same checkpoint.
         self.use_head = os.environ.get("DOMINO_HEAD", "1") != "0"
+        self.short_draft = short_draft_from_env(conf.short_draft)  # see propose
 
         # The draft config names SGLang's DFlashDraftModel; in this (scheduler) process, and only
         # when DOMINO was chosen, that architecture resolves to our drafter class.
@@ -121,6 +122,10 @@ class DominoWorker(BaseSpecWorker):
         if cpu_linear.is_active():  # the base logits of 15 positions: 3x faster packed (fp32)
             rows = lm_head if self.head.vocab is None else self.head.vocab_lm_head
             self.head.lm_head_packed = cpu_linear.pack(rows)
+            # the backbone's and context projection's linears, as the target's are
+            drafter = self.draft_model.drafter
+            cpu_linear.pack_linears(drafter.fc)
+            cpu_linear.pack_linears(drafter.layers)
         if self.head.vocab is not None:
             logger.info("DOMINO draft vocabulary: %d of %d tokens (%s)",
                         len(self.head.vocab), conf.vocab_size, conf.path)
@@ -128,7 +133,7 @@ class DominoWorker(BaseSpecWorker):
         self._warned: set[str] = set()
         self.metrics = DominoMetrics.for_scheduler(self.block_size, self.device)
         profile, cost = cost_model(torch.device(self.device).type,
-                                   str(self.model_runner.dtype))
+                                   str(self.model_runner.dtype), short_draft=self.short_draft)
         self.policy = SpeculationPolicy.from_env(self.block_size, cost)  # DOMINO_ADAPTIVE=0: fixed
         self._plain_decode: bool | None = None  # see plain_decode_forward
         # (bs, L, start) of the last decode round, timed at the next one's start (calibration)
@@ -137,9 +142,10 @@ class DominoWorker(BaseSpecWorker):
         # plain rounds' draft-context writes, batched until a draft pass needs them (context.py)
         self.context = DeferredContext(self.write_draft_context)
         logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s, "
-                    "policy %s (cost profile %s: %s)", self.block_size, conf.num_layers,
-                    list(conf.target_layer_ids), self.candidate_pool or "full vocabulary",
-                    "on" if self.use_head else "OFF",
+                    "draft pass %s, policy %s (cost profile %s: %s)", self.block_size,
+                    conf.num_layers, list(conf.target_layer_ids),
+                    self.candidate_pool or "full vocabulary", "on" if self.use_head else "OFF",
+                    "L tokens" if self.short_draft else "whole block",
                     "adaptive" if self.policy.enabled else "fixed block", profile, cost)
 
     # ---- lifecycle hooks called by the scheduler ----
@@ -219,7 +225,8 @@ class DominoWorker(BaseSpecWorker):
     def decode_round(self, batch, on_publish, grammar_barrier=None) -> GenerationBatchResult:
         """One round for every running request (bs of them, block size B):
 
-          1. draft:   z = backbone([x_t, MASK x (B-1)] | context K/V)        one pass, all blocks
+          1. draft:   z = backbone([x_t, MASK x (W-1)] | context K/V)        one pass, all blocks
+                      (W = B; W = L for a drafter trained on short blocks, see propose)
           2. refine:  d_1 = argmax base_0; d_{i+1} = argmax(base_i + head(z_i, GRU(x_t, d_1..d_i)))
                       (sampled batches: d_{i+1} ~ q_i, the same logits after the request's
                       sampling transform; the GRU consumes the sampled token)
@@ -325,12 +332,16 @@ class DominoWorker(BaseSpecWorker):
         )
 
     def propose(self, batch, chain, positions, slots, block: int, rows, u):
-        """Fill chain[:, 1:L] with drafts: one backbone pass over the whole [bs, B] block, then
-        the head rolls out L-1 tokens, greedily or (rows given) sampled from q. Returns q
-        [bs, L-1, V] (sampled), the backbone's argmax picks [bs, L-1] (greedy), None (L = 1)."""
+        """Fill chain[:, 1:L] with drafts: one backbone pass over the block, then the head rolls
+        out L-1 tokens, greedily or (rows given) sampled from q. Returns q [bs, L-1, V]
+        (sampled), the backbone's argmax picks [bs, L-1] (greedy), None (L = 1).
+        The pass drafts the whole [bs, B] block, or with `short_draft` (a drafter trained on
+        short blocks) only the L tokens verified: [x_t, MASK x (L-1)], a cheaper pass."""
         if block == 1:  # plain decoding round: no draft pass
             return None
-        z = self.draft_block(batch, chain, positions.reshape(-1), slots.reshape(-1))
+        width = block if self.short_draft else self.block_size  # W, the tokens drafted
+        z = self.draft_block(batch, chain[:, :width], positions[:, :width].reshape(-1),
+                             slots[:, :width].reshape(-1))  # [bs, W, H]
         z = z[:, :block]  # [bs, L, H]: the head at position i reads z_i only
         if rows is not None:
             chain[:, 1:block], q = sampled_rollout(
@@ -564,6 +575,18 @@ class DominoWorker(BaseSpecWorker):
             kvs = self.draft_model.drafter.context_kv(target_hidden, positions)
             for attn, (k, v) in zip(self.draft_model.attn, kvs):
                 pool.set_kv_buffer(attn, KVWriteLoc(slots, physical=True), k, v)
+
+
+def short_draft_from_env(trained: bool) -> bool:
+    """Whether rounds verifying L < B tokens draft only those L (`propose`): by default as the
+    drafter was trained (config `short_draft`); env DOMINO_SHORT_DRAFT=1 / 0 forces it on / off
+    (measurement: benchmarks/round_cost.py --short-draft)."""
+    value = os.environ.get("DOMINO_SHORT_DRAFT")
+    if value is None:
+        return trained
+    if value not in ("0", "1"):
+        raise ValueError(f"DOMINO_SHORT_DRAFT must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def _reads_history(processor: str | None) -> bool:

@@ -98,3 +98,23 @@ def test_cpu_default_dtype_follows_native_bf16(native, expected, monkeypatch, ta
     cmd, _ = cli.build_serve_command(ns, [])
     assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
 
+
+
+@pytest.mark.parametrize("env,trained,expected", [
+    (None, False, False), (None, True, True), ("1", False, True), ("0", True, False)])
+def test_short_draft_follows_the_drafter_unless_forced(monkeypatch, env, trained, expected):
+    from domino_sglang.worker import short_draft_from_env
+
+    if env is None:
+        monkeypatch.delenv("DOMINO_SHORT_DRAFT", raising=False)
+    else:
+        monkeypatch.setenv("DOMINO_SHORT_DRAFT", env)
+    assert short_draft_from_env(trained) is expected
+
+
+def test_short_draft_env_error_names_the_variable(monkeypatch):
+    from domino_sglang.worker import short_draft_from_env
+
+    monkeypatch.setenv("DOMINO_SHORT_DRAFT", "yes")
+    with pytest.raises(ValueError, match="DOMINO_SHORT_DRAFT must be 0 or 1, got 'yes'"):
+        short_draft_from_env(False)

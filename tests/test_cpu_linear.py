@@ -131,3 +131,28 @@ def test_draft_base_logits_with_the_packed_lm_head():
     z = torch.randn(3, 16, 64)
     torch.testing.assert_close(base_logits(z, replace(head, lm_head_packed=linear.pack(w))),
                                base_logits(z, head), rtol=1e-5, atol=1e-4)
+
+
+def test_pack_linears_packs_the_drafter_backbone_in_place():
+    from domino_sglang.config import parse_draft_config
+    from domino_sglang.model import DominoDrafter
+    from tests.test_drafter_loading import UPSTREAM_LIKE
+
+    torch.manual_seed(0)
+    drafter = DominoDrafter(parse_draft_config(UPSTREAM_LIKE, "/tmp/d")).eval()
+    state = {k: v.clone() for k, v in drafter.state_dict().items()}
+    feats = torch.randn(5, drafter.fc.in_features)
+    positions = torch.arange(5)
+    dense = drafter.context_kv(feats, positions)
+    n_linears = 1 + 7 * len(drafter.layers)  # fc; q, k, v, o, gate, up, down per layer
+    assert linear.pack_linears(drafter.fc) + linear.pack_linears(drafter.layers) == n_linears
+    assert all(type(m) is linear.PackedLinear for m in drafter.layers[0].mlp.children())
+    assert drafter.state_dict().keys() == state.keys()
+    assert all(torch.equal(v, state[k]) for k, v in drafter.state_dict().items())
+    for (k0, v0), (k1, v1) in zip(dense, drafter.context_kv(feats, positions)):
+        torch.testing.assert_close(k1, k0, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(v1, v0, rtol=1e-5, atol=1e-5)
+    # the packed path really runs: a pack of other weights changes the output
+    fc = drafter.fc
+    setattr(fc, linear.PACKED_ATTR, linear.pack(torch.zeros_like(fc.weight)))
+    assert float(fc(feats).abs().max()) == 0.0

@@ -120,6 +120,7 @@ def mutate(cfg: dict, dotted: str, value) -> dict:
     ("auto_map", {"AutoModel": "x.Y"}, "asks for remote code"),
     ("dflash_config.candidate_pool", -1, "field 'candidate_pool' must be an integer >= 0"),
     ("dflash_config.candidate_pool", "2048", "field 'candidate_pool' must be an integer >= 0"),
+    ("dflash_config.short_draft", "yes", "field 'short_draft' must be true/false"),
 ])
 def test_malformed_config_is_rejected_naming_the_field(tmp_path, dotted, value, message):
     write(tmp_path / "ok", UPSTREAM_LIKE)

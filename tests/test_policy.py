@@ -56,11 +56,33 @@ def test_fp32_profile_is_the_fit_of_its_recorded_table():
     assert fp32(8, 1) == 1.0
 
 
+def test_short_draft_profile_is_the_fit_of_its_recorded_table():
+    # cpu-bf16-short: fit_cost.py --short-draft over round_cost_short_bf16.json (bs 1 and 4)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import fit_cost
+
+    table = ROOT / "benchmarks/results/round_cost_short_bf16.json"
+    points = fit_cost.measured_points([table], short_draft=True)
+    assert len(points) == 8
+    draft, slope_0, slope_per_req = fit_cost.fit(points)
+    short = COSTS["cpu-bf16-short"]
+    assert short.draft == pytest.approx(draft, abs=0.005)
+    assert short.slope_0 == pytest.approx(slope_0, abs=0.0005)
+    assert short.slope_per_req == pytest.approx(slope_per_req, abs=0.00005)
+    # the whole-block rounds of the same table are not among the points
+    assert len(fit_cost.measured_points([table])) == 8
+    # drafting short, an L = 2 round is cheaper than with the whole-block profile
+    assert short(1, 2) < COSTS["cpu-bf16"](1, 2)
+
+
 def test_cost_profile_by_device_and_dtype(monkeypatch):
     monkeypatch.delenv("DOMINO_COST", raising=False)
     assert cost_model("cpu", "torch.float32") == ("cpu-fp32", COSTS["cpu-fp32"])
     assert cost_model("cpu", "torch.bfloat16") == ("cpu-bf16", COSTS["cpu-bf16"])
     assert cost_model("cuda", "torch.float32")[0] == "cpu-bf16"  # GPU: unmeasured, see policy.py
+    assert cost_model("cpu", "torch.bfloat16", short_draft=True) == (
+        "cpu-bf16-short", COSTS["cpu-bf16-short"])
+    assert cost_model("cpu", "torch.float32", short_draft=True)[0] == "cpu-fp32"  # unmeasured
     monkeypatch.setenv("DOMINO_COST", "0.5,0.1,0.01")
     assert cost_model("cpu", "torch.float32") == ("DOMINO_COST", CostModel(0.5, 0.1, 0.01))
     for bad in ("0.5,0.1", "a,b,c", "0.5,-0.1,0.01", "0.5,nan,0.1", ""):

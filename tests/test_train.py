@@ -179,6 +179,10 @@ def test_resume_equals_uninterrupted(tmp_path, draft_vocab, short_blocks):
         assert len(exported) == 40 < len(build_draft_vocab(full.data, 64, max_id=9))
     else:
         assert exported is None
+    # a drafter trained on short blocks is served drafting short blocks (worker.py propose)
+    from domino_sglang.config import load_draft_config
+
+    assert load_draft_config(tmp_path / "b" / "run" / "drafter").short_draft == (short_blocks > 0)
 
 
 def test_data_order_is_a_pure_function_of_step_and_rank():

@@ -20,7 +20,8 @@ How it plugs in (SGLang internals, all in `install()`): `UnquantizedLinearMethod
 after every weight update, the hook SGLang's own AMX packing uses) pack a linear's weight onto
 the layer and drop an embedding's pack (it is re-made when the embedding next serves as the
 lm_head); `UnquantizedLinearMethod.apply` and `LogitsProcessor._compute_lm_head` use the pack
-when the input is a CPU tensor of the weight's dtype. The dense weight stays (embedding lookups, the
+when the input is a CPU tensor of the weight's dtype; `pack_linears` does the same for the
+plain nn.Linear layers of the drafter's backbone. The dense weight stays (embedding lookups, the
 drafter's shared lm_head and tests read it), so packed layers hold their weights twice.
 Off with DOMINO_SGLANG_NO_ONEDNN_LINEAR=1; never active on GPU.
 """
@@ -81,6 +82,30 @@ def packed_for(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     if packed is None or x.device.type != "cpu" or x.dtype != layer.weight.dtype:
         return None
     return packed
+
+
+class PackedLinear(torch.nn.Linear):
+    """An nn.Linear that runs on its packed weight where it can (`pack_linears`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        packed = packed_for(self, x)
+        if packed is None:
+            return super().forward(x)
+        return packed_linear(x, packed, self.bias)
+
+
+def pack_linears(module: torch.nn.Module) -> int:
+    """Pack every plain nn.Linear in `module` (itself included) in place: each becomes a
+    PackedLinear (same parameters, same state dict) holding the pack of its current weight.
+    For our own modules (the drafter's backbone), which SGLang's linear methods do not run.
+    Returns how many were packed; a weight changed later needs `refresh(layer)`."""
+    count = 0
+    for layer in module.modules():
+        if type(layer) is torch.nn.Linear and supported(layer.weight):
+            layer.__class__ = PackedLinear
+            refresh(layer)
+            count += 1
+    return count
 
 
 def is_active() -> bool:

@@ -349,14 +349,20 @@ def _dist() -> tuple[int, int]:
 
 
 def _drafter_config(conf: TrainConfig, target: Path) -> dict:
+    """The trained drafter's config.json: init's (grown by add_layers), or a new one. A drafter
+    trained on short blocks says so (`short_draft`: the server then drafts only the L tokens a
+    round verifies); one trained from such a drafter without them keeps init's flag."""
     if conf.init:
         cfg = json.loads((Path(conf.init) / "config.json").read_text())
         cfg["num_hidden_layers"] = cfg.get("num_hidden_layers", 0) + conf.add_layers
-        return cfg
-    return make_draft_config(json.loads((target / "config.json").read_text()),
-                             num_layers=conf.num_layers, block_size=conf.block_size,
-                             num_features=conf.num_features, gru_hidden_dim=conf.gru_hidden_dim,
-                             emb_dim=conf.emb_dim)
+    else:
+        cfg = make_draft_config(json.loads((target / "config.json").read_text()),
+                                num_layers=conf.num_layers, block_size=conf.block_size,
+                                num_features=conf.num_features,
+                                gru_hidden_dim=conf.gru_hidden_dim, emb_dim=conf.emb_dim)
+    if conf.short_blocks > 0:
+        cfg["dflash_config"]["short_draft"] = True
+    return cfg
 
 
 def _save_checkpoint(out: Path, model: DominoDrafter, opt: torch.optim.Optimizer, step: int,
@@ -431,7 +437,8 @@ def rollout_tau(module: DrafterTrainModule, feats: TargetFeatures, records: list
 
 @torch.no_grad()
 def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
-                  use_head: bool = True, draft_lens: tuple[int, ...] | None = None) -> int:
+                  use_head: bool = True, draft_lens: tuple[int, ...] | None = None,
+                  short_draft: bool = False) -> int:
     """Verify rounds the worker's greedy loop needs to commit rec's generated tokens.
 
     rec = {"id", "ids": prompt + generated, "start": prompt length}, generated greedily by the
@@ -441,6 +448,7 @@ def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
         drafts equal to x_{a+1..}, a += k + 1
     draft_lens: the worker's pinned pattern (DOMINO_DRAFT_LEN=L0,L1,..): a round at committed
     length a verifies L = draft_lens[a mod len] chain tokens (L - 1 drafts; L = 1: plain, a += 1).
+    short_draft: a round of L < B drafts [x_a, MASK x (L-1)] alone (the worker's short draft).
     Equal to the served spec_verify_ct when serving computes what the drafter computes.
     """
     from domino_sglang.config import DEFAULT_CANDIDATE_POOL
@@ -455,10 +463,12 @@ def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
         if n == 0:
             a += 1
             continue
-        z, _, labels = module._blocks(ids, f, [a], B)  # [1, B-1, H], [1, B-1]
-        z = torch.cat((z, z[:, -1:]), dim=1)  # [1, B, H]: the rollout reads z[:, :B-1]
+        short = torch.tensor([n + 1]) if short_draft and n + 1 < B else None
+        z, _, labels = module._blocks(ids, f, [a], B, short)  # [1, B-1, H], [1, B-1]
+        # [1, L, H], as the worker rolls out: its candidate pool is shared by these L positions
+        z = torch.cat((z, z[:, -1:]), dim=1)[:, :n + 1]
         chain = greedy_rollout(z, ids[a:a + 1], head, DEFAULT_CANDIDATE_POOL, use_head=use_head)
-        a += 1 + int((chain[:, :n] == labels[:, :n]).int().cumprod(dim=1).sum())
+        a += 1 + int((chain == labels[:, :n]).int().cumprod(dim=1).sum())  # chain [1, L-1]
     return rounds
 
 
