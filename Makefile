@@ -13,7 +13,7 @@ HOST    ?= http://127.0.0.1:$(PORT)
 USERS   ?= 4
 DURATION ?= 60s
 
-.PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean regenerate \
+.PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean data data-snapshot regenerate \
 	train-drafter train-stage4 train-stage6
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
@@ -69,6 +69,7 @@ loadtest: venv
 RECIPE     ?= domino_sglang/train/recipes/smollm2-135m.toml
 REGEN_DATA ?= $(HOME)/.cache/domino_sglang/data/sharegpt-greedy256.jsonl
 REGEN_N    ?= 8000
+REGEN_SNAPSHOT := domino_sglang/train/data/sharegpt-greedy256.jsonl.gz
 RUN_DIR    ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino
 RECIPE2    ?= domino_sglang/train/recipes/smollm2-135m-stage2.toml
 RUN_DIR2   ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage2
@@ -103,7 +104,15 @@ define next_stage
 		$(SHIPPED)/
 endef
 
-regenerate: target
+# The regenerated answers are also kept in git (regenerate.py, "Snapshot"): `make data` restores
+# them into the cache, `make data-snapshot` saves the cache's records back after a regeneration.
+data: venv
+	$(BIN)/domino-sglang data-snapshot restore --data $(REGEN_DATA) --snapshot $(REGEN_SNAPSHOT)
+
+data-snapshot: venv
+	$(BIN)/domino-sglang data-snapshot save --data $(REGEN_DATA) --snapshot $(REGEN_SNAPSHOT)
+
+regenerate: target data
 	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --limit $(REGEN_N) --concurrency 64
 
 train-drafter: regenerate

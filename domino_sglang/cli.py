@@ -192,6 +192,28 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_snapshot(args: argparse.Namespace) -> int:
+    from domino_sglang.train.regenerate import restore_snapshot, write_snapshot
+
+    if args.action == "save":
+        if not args.data.is_file():
+            _fail(f"data-snapshot: --data {args.data} not found (a regenerated JSONL)")
+        try:
+            n = write_snapshot(args.data, args.snapshot)
+        except (ValueError, KeyError) as exc:
+            _fail(f"data-snapshot: --data {args.data} is not a regenerated JSONL ({exc!r})")
+        print(f"{args.snapshot}: {n} records")
+        return 0
+    if not args.snapshot.is_file():
+        _fail(f"data-snapshot: --snapshot {args.snapshot} not found")
+    try:
+        n = restore_snapshot(args.snapshot, args.data)
+    except ValueError as exc:
+        _fail(f"data-snapshot: {exc}")
+    print(f"{args.data}: {n} records restored from {args.snapshot}")
+    return 0
+
+
 def _parse_set(items: list[str]) -> dict:
     """`key=value` pairs; values parsed as TOML scalars (numbers, true/false), else strings."""
     import tomllib
@@ -311,6 +333,12 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-prompt-tokens", type=int, default=512)
     r.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
 
+    ds = sub.add_parser("data-snapshot",
+                        help="save the regenerated data to a gzip'd snapshot, or restore it")
+    ds.add_argument("action", choices=["save", "restore"])
+    ds.add_argument("--data", type=Path, required=True, help="regenerated JSONL (the cache)")
+    ds.add_argument("--snapshot", type=Path, required=True, help="gzip'd JSONL snapshot")
+
     v = sub.add_parser("draft-vocab",
                        help="write a drafter's draft vocabulary (its most frequent answer tokens)")
     v.add_argument("drafter", type=Path, help="drafter folder (draft_vocab.json is written there)")
@@ -368,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_init_drafter(args)
     if args.command == "regenerate":
         return cmd_regenerate(args)
+    if args.command == "data-snapshot":
+        return cmd_data_snapshot(args)
     if args.command == "train":
         return cmd_train(args)
     if args.command == "draft-vocab":

@@ -135,3 +135,22 @@ def test_serve_cpu_command_line(target_path, monkeypatch):
     assert cmd[cmd.index("--mem-fraction-static") + 1] == "0.8"
     cmd, _ = cli.build_serve_command(args, ["--mem-fraction-static", "0.5"])
     assert cmd.count("--mem-fraction-static") == 1 and cmd[-1] == "0.5"
+
+
+@pytest.mark.parametrize("action, make, message", [
+    ("restore", None, "--snapshot {snap} not found"),
+    ("restore", b"not gzip", "{snap}: not a regenerated-data snapshot"),
+    ("save", None, "--data {data} not found"),
+])
+def test_data_snapshot_errors_name_the_file(tmp_path, capsys, action, make, message):
+    data, snap = tmp_path / "cache.jsonl", tmp_path / "snap.jsonl.gz"
+    if make is not None:
+        snap.write_bytes(make)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["data-snapshot", action, "--data", str(data), "--snapshot", str(snap)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert err.startswith("domino-sglang: error: data-snapshot: ")
+    assert message.format(snap=snap, data=data) in err
+    assert not data.exists()  # nothing half-written

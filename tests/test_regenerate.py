@@ -11,7 +11,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from domino_sglang.train.regenerate import RegenConfig, read_records, recover, regenerate
+from domino_sglang.train.regenerate import (
+    RegenConfig,
+    read_records,
+    recover,
+    regenerate,
+    restore_snapshot,
+    write_snapshot,
+)
 
 
 def _answer(ids: list[int]) -> list[int]:
@@ -76,3 +83,38 @@ def test_interrupted_regeneration_resumes_without_loss_or_duplicates(tmp_path, s
     for i, prompt in items:
         assert by_id[i]["prompt_ids"] == prompt and by_id[i]["output_ids"] == _answer(prompt)
     assert regenerate(stub_url, items, out, conf, progress=False) == 0  # complete: no-op
+
+
+def test_snapshot_carries_the_cache_to_a_new_machine(tmp_path, stub_url):
+    items = [(i, [1000 + i, i % 5, 2]) for i in range(30)]
+    cache = tmp_path / "old" / "cache.jsonl"
+    regenerate(stub_url, items[:20], cache, RegenConfig(concurrency=4), progress=False)
+    with cache.open("a") as f:  # a torn last line is not part of the snapshot
+        f.write('{"id": 25, "prompt_ids": [1')
+    snap = tmp_path / "repo" / "data.jsonl.gz"
+    assert write_snapshot(cache, snap) == 20
+    first = snap.read_bytes()
+    assert write_snapshot(cache, snap) == 20 and snap.read_bytes() == first  # reproducible
+
+    # a new machine holds one record already: only the others are appended, none twice
+    fresh = tmp_path / "new" / "cache.jsonl"
+    fresh.parent.mkdir()
+    fresh.write_text(json.dumps(read_records(cache)[0]) + "\n")
+    assert restore_snapshot(snap, fresh) == 19
+    assert sorted(r["id"] for r in read_records(fresh)) == list(range(20))
+    assert restore_snapshot(snap, fresh) == 0
+    # regeneration goes on from the restored records: only the 10 missing prompts are asked
+    _Stub.fail_on, _Stub.calls = set(), []
+    assert regenerate(stub_url, items, fresh, RegenConfig(concurrency=4), progress=False) == 10
+    assert sorted(_Stub.calls) == [1000 + i for i in range(20, 30)]
+
+
+def test_bad_snapshot_is_named_and_the_cache_untouched(tmp_path):
+    cache = tmp_path / "cache.jsonl"
+    cache.write_text('{"id": 1, "prompt_ids": [1], "output_ids": [2], "finish": "length"}\n')
+    before = cache.read_bytes()
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_text("not gzip")
+    with pytest.raises(ValueError, match="bad.jsonl.gz: not a regenerated-data snapshot"):
+        restore_snapshot(bad, cache)
+    assert cache.read_bytes() == before
