@@ -91,6 +91,8 @@ RECIPE10   ?= domino_sglang/train/recipes/smollm2-135m-stage10.toml
 RUN_DIR10  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage10
 RECIPE11   ?= domino_sglang/train/recipes/smollm2-135m-stage11.toml
 RUN_DIR11  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage11
+RECIPE12   ?= domino_sglang/train/recipes/smollm2-135m-stage12.toml
+RUN_DIR12  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage12
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 # $(call next_stage,RECIPE,RUN_DIR,INIT_RUN_DIR): train a stage from the previous one's drafter,
@@ -135,6 +137,8 @@ train-drafter: regenerate
 	$(BIN)/domino-sglang draft-vocab $(SHIPPED) --data $(REGEN_DATA) --size 8192 --max-id 4604
 	$(call next_stage,$(RECIPE10),$(RUN_DIR10),$(RUN_DIR9))
 	$(call next_stage,$(RECIPE11),$(RUN_DIR11),$(RUN_DIR10))
+	mkdir -p $(RUN_DIR12) && cp -n $(RUN_DIR11)/drafter/draft_vocab.json $(RUN_DIR12)/
+	$(call next_stage,$(RECIPE12),$(RUN_DIR12),$(RUN_DIR11))
 
 # Stage 4 (not shipped: see its recipe): continues stage 3 on 2.5x the data, then compares the two
 # on answers no stage saw (ShareGPT ids 3401..3800).

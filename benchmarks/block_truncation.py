@@ -1,9 +1,10 @@
-"""Why the draft pass always runs the full block: first-draft accuracy of a truncated block.
+"""First-draft accuracy of a truncated block: what a short draft pass costs a drafter.
 
 The backbone attends over its block NON-causally, so the B-1 mask positions after x_t feed the
 first draft too (they are extra computation the model learned to use, not padding). A round that
-verifies only L < B tokens could run the backbone over [x_t, MASK x (L-1)] and save most of the
-draft pass, but only if the drafts stay as good. This measures the first draft (block position
+verifies only L < B tokens can run the backbone over [x_t, MASK x (L-1)] and save most of the
+draft pass (the worker does for a drafter trained with `short_blocks`), but it pays only if the
+drafts stay as good. This measures the first draft (block position
 0, which every speculative round needs) teacher-forced at every position of the target's greedy
 answers to evaluation prompts, with the backbone run over blocks of B' = 16, 8, 4, 3, 2 tokens
 (offline, the trainer's code path; the answers are cached by compare_drafters.py).
