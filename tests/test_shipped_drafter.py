@@ -109,8 +109,9 @@ def test_short_draft_passes_draft_what_the_drafter_computes(reference, chat_ids)
     variable makes sure) the output stays lossless and the served rounds equal the replay
     drafting the same short blocks. The replay with whole-block drafts is printed beside: they
     differ (stage 11: short [7, 42, 53] vs whole [6, 41, 53]; stage 12: [7, 43, 52] vs
-    [6, 44, 54]), which is what gives the equality its power. Unseeded sampled requests in the same server run the sampled short-draft path
-    (their exactness does not depend on the drafts: test_sampling.py)."""
+    [6, 44, 54]), which is what gives the equality its power. Unseeded sampled requests in the
+    same server run the sampled short-draft path (their exactness does not depend on the drafts:
+    test_sampling.py)."""
     prompts = chat_ids[:3]
     with start_server("shipped-short", ["--dtype", "float32", "--max-total-tokens", "16384"],
                       env={"DOMINO_DRAFT_LEN": ",".join(map(str, SHORT_PATTERN)),
