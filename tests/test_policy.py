@@ -40,39 +40,36 @@ def test_cost_model_matches_the_measurements():
     assert round_cost(32, 1) == 1.0
 
 
-def test_fp32_profile_is_the_fit_of_its_recorded_table():
-    # the cpu-fp32 constants are benchmarks/fit_cost.py's least squares over the recorded
-    # benchmarks/results/round_cost_fp32.json (AMD EPYC, fp32), rounded
+@pytest.mark.parametrize("profile, table, short_draft, n_points", [
+    ("cpu-fp32", "round_cost_fp32.json", False, 16),  # AMD EPYC, fp32, bs 1..32
+    ("cpu-bf16-short", "round_cost_short_bf16.json", True, 8),  # AMD EPYC, bf16, bs 1 and 4
+])
+def test_profile_is_the_fit_of_its_recorded_table(profile, table, short_draft, n_points):
+    # the constants are benchmarks/fit_cost.py's least squares over the recorded
+    # benchmarks/results/<table> (`--short-draft`: the rounds drafting only their L tokens)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import fit_cost
 
-    points = fit_cost.measured_points([ROOT / "benchmarks/results/round_cost_fp32.json"])
-    assert len(points) == 16
+    path = ROOT / "benchmarks/results" / table
+    points = fit_cost.measured_points([path], short_draft=short_draft)
+    assert len(points) == n_points
     draft, slope_0, slope_per_req = fit_cost.fit(points)
-    fp32 = COSTS["cpu-fp32"]
-    assert fp32.draft == pytest.approx(draft, abs=0.005)
-    assert fp32.slope_0 == pytest.approx(slope_0, abs=0.0005)
-    assert fp32.slope_per_req == pytest.approx(slope_per_req, abs=0.00005)
-    assert fp32(8, 1) == 1.0
+    cost = COSTS[profile]
+    assert cost.draft == pytest.approx(draft, abs=0.005)
+    assert cost.slope_0 == pytest.approx(slope_0, abs=0.0005)
+    assert cost.slope_per_req == pytest.approx(slope_per_req, abs=0.00005)
+    assert cost(8, 1) == 1.0
 
 
-def test_short_draft_profile_is_the_fit_of_its_recorded_table():
-    # cpu-bf16-short: fit_cost.py --short-draft over round_cost_short_bf16.json (bs 1 and 4)
+def test_short_draft_rounds_are_cheaper_and_kept_apart():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import fit_cost
 
     table = ROOT / "benchmarks/results/round_cost_short_bf16.json"
-    points = fit_cost.measured_points([table], short_draft=True)
-    assert len(points) == 8
-    draft, slope_0, slope_per_req = fit_cost.fit(points)
-    short = COSTS["cpu-bf16-short"]
-    assert short.draft == pytest.approx(draft, abs=0.005)
-    assert short.slope_0 == pytest.approx(slope_0, abs=0.0005)
-    assert short.slope_per_req == pytest.approx(slope_per_req, abs=0.00005)
-    # the whole-block rounds of the same table are not among the points
-    assert len(fit_cost.measured_points([table])) == 8
-    # drafting short, an L = 2 round is cheaper than with the whole-block profile
-    assert short(1, 2) < COSTS["cpu-bf16"](1, 2)
+    whole = fit_cost.measured_points([table])  # the same table's whole-block rounds
+    short = fit_cost.measured_points([table], short_draft=True)
+    assert len(whole) == len(short) == 8 and set(whole).isdisjoint(short)
+    assert COSTS["cpu-bf16-short"](1, 2) < COSTS["cpu-bf16"](1, 2)
 
 
 def test_cost_profile_by_device_and_dtype(monkeypatch):
