@@ -171,6 +171,8 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             _fail(f"regenerate: --{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.first_id < 0:
+        _fail(f"regenerate: --first-id must be >= 0, got {args.first_id}")
     if args.temperature < 0:
         _fail(f"regenerate: --temperature must be >= 0, got {args.temperature}")
     try:
@@ -180,7 +182,7 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     conf = RegenConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        concurrency=args.concurrency, max_prompt_tokens=args.max_prompt_tokens)
     items = sharegpt_items(AutoTokenizer.from_pretrained(target), args.limit,
-                           conf.max_prompt_tokens)
+                           conf.max_prompt_tokens, args.first_id)
     if args.url:
         n = regenerate(args.url.rstrip("/"), items, args.out, conf)
     else:
@@ -325,6 +327,8 @@ def make_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("regenerate", help="answer ShareGPT prompts with the target (training data)")
     r.add_argument("--out", type=Path, required=True, help="JSONL cache (resumed if present)")
     r.add_argument("--limit", type=int, default=None, help="number of prompts (default: all)")
+    r.add_argument("--first-id", type=int, default=0,
+                   help="start at this ShareGPT prompt index (default 0)")
     r.add_argument("--url", default=None, help="a running server (default: start one)")
     r.add_argument("--model-path", type=Path, default=None)
     r.add_argument("--max-new-tokens", type=int, default=256)

@@ -154,3 +154,11 @@ def test_data_snapshot_errors_name_the_file(tmp_path, capsys, action, make, mess
     assert err.startswith("domino-sglang: error: data-snapshot: ")
     assert message.format(snap=snap, data=data) in err
     assert not data.exists()  # nothing half-written
+
+
+def test_regenerate_rejects_a_negative_first_id(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["regenerate", "--out", "unused.jsonl", "--first-id", "-1"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "domino-sglang: error: regenerate: --first-id must be >= 0, got -1")

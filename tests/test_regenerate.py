@@ -17,6 +17,7 @@ from domino_sglang.train.regenerate import (
     recover,
     regenerate,
     restore_snapshot,
+    sharegpt_items,
     write_snapshot,
 )
 
@@ -118,3 +119,21 @@ def test_bad_snapshot_is_named_and_the_cache_untouched(tmp_path):
     with pytest.raises(ValueError, match="bad.jsonl.gz: not a regenerated-data snapshot"):
         restore_snapshot(bad, cache)
     assert cache.read_bytes() == before
+
+
+class _CharTokenizer:
+    """A stand-in chat template: one id per character of the user turn."""
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        return [ord(c) % 1000 for c in messages[0]["content"]]
+
+
+def test_first_id_starts_the_prompts_at_that_sharegpt_index():
+    """`regenerate --first-id N` (new data past a regenerated range): ids start at N, keep
+    ShareGPT's indices (the cache key), and --limit counts from there."""
+    tok = _CharTokenizer()
+    head = sharegpt_items(tok, 80, 512)
+    later = sharegpt_items(tok, 5, 512, first_id=30)
+    # the same prompts under the same ids (and token ids) as a run from index 0 gives them
+    assert later == [item for item in head if item[0] >= 30][:5]
+    assert len(later) == 5 and later[0][0] >= 30 and head[0][0] < 30

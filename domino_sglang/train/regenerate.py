@@ -164,9 +164,10 @@ def _drain(pool: ThreadPoolExecutor, url: str, todo: list, out_path: Path, conf:
     return written
 
 
-def sharegpt_items(tokenizer, limit: int | None, max_prompt_tokens: int
+def sharegpt_items(tokenizer, limit: int | None, max_prompt_tokens: int, first_id: int = 0
                    ) -> list[tuple[int, list[int]]]:
-    """(index in ShareGPT first turns, chat prompt ids), skipping prompts over the length cap.
+    """(index in ShareGPT first turns, chat prompt ids) from index `first_id` on, at most `limit`
+    of them, skipping prompts over the length cap.
 
     The index is the prompt's stable id in the cache, so a resume with the same data skips it.
     """
@@ -174,6 +175,8 @@ def sharegpt_items(tokenizer, limit: int | None, max_prompt_tokens: int
 
     out = []
     for i, prompt in enumerate(sharegpt_prompts()):
+        if i < first_id:
+            continue
         ids = chat_prompt_ids(tokenizer, prompt)
         if len(ids) <= max_prompt_tokens:
             out.append((i, ids))
