@@ -8,6 +8,9 @@ drafts stay as good. This measures the first draft (block position
 0, which every speculative round needs) teacher-forced at every position of the target's greedy
 answers to evaluation prompts, with the backbone run over blocks of B' = 16, 8, 4, 3, 2 tokens
 (offline, the trainer's code path; the answers are cached by compare_drafters.py).
+`--top-k K` also counts the target's token among the first draft's K best: the first position a
+K-way tree of first drafts would accept (every position after x_t is verified in one pass either
+way), which bounds what branching the first draft could add to a round.
 
     python benchmarks/block_truncation.py --eval-set mtbench humaneval gsm8k --limit 20
 """
@@ -36,11 +39,12 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--blocks", nargs="+", type=int, default=[16, 8, 4, 3, 2])
+    ap.add_argument("--top-k", type=int, default=1, help="also count top-2..K hits")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="block_truncation")
     args = ap.parse_args()
-    if min(args.blocks) < 2 or args.limit < 1:
-        ap.error("--blocks >= 2 and --limit >= 1")
+    if min(args.blocks) < 2 or args.limit < 1 or args.top_k < 1:
+        ap.error("--blocks >= 2, --limit >= 1 and --top-k >= 1")
     torch.set_num_threads(args.threads)
 
     from domino_sglang.config import load_draft_config
@@ -59,7 +63,8 @@ def main() -> None:
     drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).eval()
     module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
     max_seq_len = TrainConfig(data="-", out="-").max_seq_len
-    hits = {b: 0 for b in args.blocks}
+    ks = range(1, args.top_k + 1)
+    hits = {b: [0] * args.top_k for b in args.blocks}  # [k-1]: target token in the top k
     total = 0
     with torch.no_grad():
         for name in args.eval_set:
@@ -69,10 +74,14 @@ def main() -> None:
                 total += len(anchors)
                 for b in args.blocks:
                     z, _, labels = module._blocks(ids, f, anchors, b)  # z [n, b-1, H]
-                    first = F.linear(z[:, 0], module.lm_head_weight).argmax(dim=-1)  # [n]
-                    hits[b] += int((first == labels[:, 0]).sum())
-    rows = [{"block": b, "first_draft_accuracy": round(hits[b] / total, 4), "positions": total}
-            for b in args.blocks]
+                    logits = F.linear(z[:, 0], module.lm_head_weight)  # [n, V]
+                    best = logits.topk(args.top_k, dim=-1).indices  # [n, K], best first
+                    found = (best == labels[:, :1]).cumsum(dim=-1).bool()  # [n, K]: in top k
+                    for k in ks:
+                        hits[b][k - 1] += int(found[:, k - 1].sum())
+    rows = [{"block": b, "first_draft_accuracy": round(hits[b][0] / total, 4),
+             **{f"top{k}": round(hits[b][k - 1] / total, 4) for k in ks if k > 1},
+             "positions": total} for b in args.blocks]
     for row in rows:
         print(json.dumps(row), flush=True)
     out = {"provenance": prov, "drafter": str(folder), "eval_sets": args.eval_set,
@@ -82,8 +91,12 @@ def main() -> None:
     lines = [f"## First-draft accuracy by backbone block length ({', '.join(args.eval_set)}, "
              f"first {args.limit} prompts, {args.max_tokens} tokens)", "",
              provenance.markdown_header(prov), f"- drafter: `{folder}`", "",
-             "| block B' | first-draft accuracy | positions |", "|---|---|---|"]
-    lines += [f"| {r['block']} | {r['first_draft_accuracy']} | {r['positions']} |" for r in rows]
+             "| block B' | first-draft accuracy | "
+             + "".join(f"top-{k} | " for k in ks if k > 1) + "positions |",
+             "|---" * (args.top_k + 2) + "|"]
+    lines += [f"| {r['block']} | {r['first_draft_accuracy']} | "
+              + "".join(f"{r[f'top{k}']} | " for k in ks if k > 1) + f"{r['positions']} |"
+              for r in rows]
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
 
 
