@@ -47,6 +47,11 @@ METHODS: dict[str, tuple[list[str], dict[str, str]]] = {
     # every round plain (L = 1): what serving through the DOMINO worker costs with no
     # speculation at all (the adaptive policy's floor, probes and warm-up aside)
     "domino-plain": (["--drafter", "{drafter}"], {"DOMINO_DRAFT_LEN": "1"}),
+    # every round verifies L = 2 / 3 / 4 chain tokens: what the adaptive policy could get at a
+    # fixed short length (does its alpha estimate leave speedup behind?)
+    "domino-l2": (["--drafter", "{drafter}"], {"DOMINO_DRAFT_LEN": "2"}),
+    "domino-l3": (["--drafter", "{drafter}"], {"DOMINO_DRAFT_LEN": "3"}),
+    "domino-l4": (["--drafter", "{drafter}"], {"DOMINO_DRAFT_LEN": "4"}),
 }
 
 
