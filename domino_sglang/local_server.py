@@ -71,10 +71,35 @@ class Server:
                 self.proc.wait(timeout=10)
 
 
+# What the log says when the HTTP port is taken: free_port() only found the port free a moment
+# before the server binds it, and a busy machine (SGLang's own ZMQ / dist-init ports, other
+# servers) can take it in between: `serve` refuses a taken port (cli.py, exit 2), or, taken
+# after that check, uvicorn logs its bind error and hangs in shutdown, so waiting for /health
+# would run into the timeout. Either way the server is restarted on another port.
+BIND_FAILED = ("is already in use; choose another --port", "error while attempting to bind")
+
+
 def start_server(name: str, serve_args: list[str], sglang_args: list[str] | None = None,
-                 timeout: float = 600.0, env: dict | None = None, threads: int = 1) -> Server:
-    """Launch `domino-sglang serve` and wait until /health answers 200 (or fail with its log)."""
+                 timeout: float = 600.0, env: dict | None = None, threads: int = 1,
+                 attempts: int = 3) -> Server:
+    """Launch `domino-sglang serve` and wait until /health answers 200 (or fail with its log);
+    a port taken before the server bound it is retried on a new port, `attempts` times in all."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
+    for _ in range(attempts):
+        server = _launch(name, serve_args, sglang_args, env, threads)
+        try:
+            if _wait_healthy(server, timeout):
+                return server
+        except BaseException:
+            server.stop()
+            raise
+        server.stop()  # its port was taken: try another
+    raise RuntimeError(f"server {name}: its port was taken before it could bind, {attempts} times"
+                       f" (last log {server.log_path})")
+
+
+def _launch(name: str, serve_args: list[str], sglang_args: list[str] | None, env: dict | None,
+            threads: int) -> Server:
     port = free_port()
     log_path = LOG_DIR / f"{name}-{port}.log"
     cmd = [sys.executable, "-m", "domino_sglang.cli", "serve", "--port", str(port),
@@ -85,18 +110,32 @@ def start_server(name: str, serve_args: list[str], sglang_args: list[str] | None
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 env=full_env, stdin=subprocess.DEVNULL, start_new_session=True)
-    server = Server(name=name, port=port, proc=proc, log_path=log_path, args=cmd)
+    return Server(name=name, port=port, proc=proc, log_path=log_path, args=cmd)
+
+
+def port_taken(server: Server) -> bool:
+    """Whether the server's log says its port was taken before it could bind it."""
+    log = server.log()
+    return any(message in log for message in BIND_FAILED)
+
+
+def _wait_healthy(server: Server, timeout: float) -> bool:
+    """True once /health answers 200; False if the port was taken (port_taken);
+    raises if the server exits or is not healthy within `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
+        if server.proc.poll() is not None:
+            if port_taken(server):
+                return False
             raise RuntimeError(
-                f"server {name} exited with {proc.returncode}:\n{server.log()[-4000:]}"
-            )
+                f"server {server.name} exited with {server.proc.returncode}:\n"
+                f"{server.log()[-4000:]}")
         try:
             if requests.get(f"{server.url}/health", timeout=2).status_code == 200:
-                return server
+                return True
         except requests.RequestException:
-            pass
+            if port_taken(server):
+                return False
         time.sleep(1.0)
-    server.stop()
-    raise RuntimeError(f"server {name} not healthy after {timeout}s:\n{server.log()[-4000:]}")
+    raise RuntimeError(f"server {server.name} not healthy after {timeout}s:\n"
+                       f"{server.log()[-4000:]}")
