@@ -51,14 +51,17 @@ def load_draft_vocab(folder: str | Path, vocab_size: int, honour_env: bool = Tru
     return torch.tensor(sorted(ids), dtype=torch.int64)
 
 
-def build_draft_vocab(data: str | Path, size: int, max_id: int | None = None) -> list[int]:
+def build_draft_vocab(data: str | Path, size: int, max_id: int | None = None,
+                      skip_ids: list[int] | None = None) -> list[int]:
     """The `size` most frequent tokens of the answers (`output_ids`) of a regenerated JSONL with
-    record ids <= max_id (ties: lower id first), plus ALWAYS; ascending."""
+    record ids <= max_id and outside skip_ids [first, last] (ties: lower id first), plus ALWAYS;
+    ascending."""
     counts: Counter[int] = Counter()
     with open(data) as f:
         for line in f:
             rec = json.loads(line)
-            if max_id is None or rec["id"] <= max_id:
+            skipped = bool(skip_ids) and skip_ids[0] <= rec["id"] <= skip_ids[1]
+            if (max_id is None or rec["id"] <= max_id) and not skipped:
                 counts.update(rec["output_ids"])
     ranked = sorted(counts, key=lambda t: (-counts[t], t))
     keep = set(ALWAYS)

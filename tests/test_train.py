@@ -275,6 +275,22 @@ def test_max_id_fixes_a_stage_data_as_the_file_grows(tmp_path):
         load_train_config(None, {"data": "d", "out": "o", "max_id": -2})
 
 
+def test_skip_ids_leaves_out_a_gap_filled_after_the_stage_ran(tmp_path):
+    """skip_ids [first, last] drops those ids too, so a stage trained while a gap in the file
+    was still being filled keeps its data once the gap is complete."""
+    from domino_sglang.train.trainer import load_records
+    from tests.train_fixtures import make_records
+
+    make_records(tmp_path / "data.jsonl", n=12)
+    assert [r["id"] for r in load_records(tmp_path / "data.jsonl", 64, max_id=10,
+                                          skip_ids=[3, 6])] == [0, 1, 2, 7, 8, 9, 10]
+    conf = load_train_config(None, {"data": "d", "out": "o", "skip_ids": [3, 6]})
+    assert conf.skip_ids == [3, 6]
+    for bad in ([6, 3], [3], [-1, 2], [1.0, 2]):
+        with pytest.raises(TrainConfigError, match="'skip_ids' must be"):
+            load_train_config(None, {"data": "d", "out": "o", "skip_ids": bad})
+
+
 @pytest.mark.parametrize("recipe", sorted(
     (Path(__file__).resolve().parents[1] / "domino_sglang" / "train" / "recipes").glob("*.toml")))
 def test_shipped_recipes_parse(recipe):

@@ -28,6 +28,8 @@ def test_build_keeps_the_most_frequent_answer_tokens(tmp_path):
     assert build_draft_vocab(data, size=4, max_id=1) == [1, 2, 5, 7]  # ties: lower id first
     assert build_draft_vocab(data, size=5, max_id=1) == [1, 2, 4, 5, 7]
     assert build_draft_vocab(data, size=3, max_id=None) == [1, 2, 6]  # record 9 counts now
+    # skipping id 0 (a gap filled later) leaves 7 x1, 4 x2, 8 x1 and record 9's 6 x6
+    assert build_draft_vocab(data, size=4, skip_ids=[0, 0]) == [1, 2, 4, 6]
 
 
 def test_write_then_load_round_trips_sorted(tmp_path):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import tomllib
@@ -60,6 +60,8 @@ class TrainConfig:
     max_seq_len: int = 768
     max_id: int = -1  # use only records with id <= max_id (-1: all): a stage's data stays fixed
     #                   while the regenerated file grows (ids are ShareGPT positions)
+    skip_ids: list = field(default_factory=list)  # [first, last]: also leave out the ids in
+    #                   first..last, a gap the regeneration filled after this stage ran
     lr: float = 6e-4
     min_lr_frac: float = 0.1
     warmup_frac: float = 0.04
@@ -116,6 +118,11 @@ class TrainConfig:
         if self.max_id < -1:
             raise TrainConfigError(f"train: 'max_id' must be -1 (all) or a record id, "
                                    f"got {self.max_id}")
+        if self.skip_ids and not (len(self.skip_ids) == 2
+                                  and all(type(i) is int for i in self.skip_ids)
+                                  and 0 <= self.skip_ids[0] <= self.skip_ids[1]):
+            raise TrainConfigError(f"train: 'skip_ids' must be [] or [first, last] with "
+                                   f"0 <= first <= last, got {self.skip_ids}")
         if self.draft_vocab < 0:
             raise TrainConfigError(f"train: 'draft_vocab' must be >= 0 (0: the full vocabulary), "
                                    f"got {self.draft_vocab}")
@@ -149,9 +156,10 @@ def load_train_config(path: str | Path | None, overrides: dict | None = None) ->
 
 
 # ---- data ----
-def load_records(path: str | Path, max_seq_len: int, max_id: int = -1) -> list[dict]:
+def load_records(path: str | Path, max_seq_len: int, max_id: int = -1,
+                 skip_ids: list[int] | None = None) -> list[dict]:
     """Regenerated records as {"id", "ids" (prompt+response, truncated), "start" (response)},
-    by id, only those with id <= max_id unless max_id is -1."""
+    by id, only those with id <= max_id unless max_id is -1, and none in skip_ids [first, last]."""
     from domino_sglang.train.regenerate import read_records
 
     out = []
@@ -159,6 +167,8 @@ def load_records(path: str | Path, max_seq_len: int, max_id: int = -1) -> list[d
         ids = (list(rec["prompt_ids"]) + list(rec["output_ids"]))[:max_seq_len]
         start = len(rec["prompt_ids"])
         if max_id >= 0 and int(rec["id"]) > max_id:
+            continue
+        if skip_ids and skip_ids[0] <= int(rec["id"]) <= skip_ids[1]:
             continue
         if len(ids) - start >= 2:  # at least one anchor with one label
             out.append({"id": int(rec["id"]), "ids": ids, "start": start})
@@ -502,7 +512,7 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
                                "(run domino-sglang prepare-target)")
     dcfg = _drafter_config(conf, target)
     out.mkdir(parents=True, exist_ok=True)
-    records = load_records(conf.data, conf.max_seq_len, conf.max_id)
+    records = load_records(conf.data, conf.max_seq_len, conf.max_id, conf.skip_ids)
     held = records[-conf.eval_records:] if 0 < conf.eval_records < len(records) else []
     train_recs = records[: len(records) - len(held)]
 
@@ -523,7 +533,7 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
             save_drafter(seed_dir, dcfg, weights, dtype=torch.float32)
     if rank == 0 and conf.draft_vocab and not (out / VOCAB_FILE).exists():  # fixed for resumes
         top = max(r["id"] for r in train_recs)  # the held-out answers do not vote
-        write_draft_vocab(out, build_draft_vocab(conf.data, conf.draft_vocab, top),
+        write_draft_vocab(out, build_draft_vocab(conf.data, conf.draft_vocab, top, conf.skip_ids),
                           source=Path(conf.data).name, max_id=top)
     if world > 1:
         torch.distributed.barrier()
