@@ -173,6 +173,8 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
             _fail(f"regenerate: --{name.replace('_', '-')} must be >= 1, got {value}")
     if args.first_id < 0:
         _fail(f"regenerate: --first-id must be >= 0, got {args.first_id}")
+    if args.turn < 1:
+        _fail(f"regenerate: --turn must be >= 1, got {args.turn}")
     if args.temperature < 0:
         _fail(f"regenerate: --temperature must be >= 0, got {args.temperature}")
     try:
@@ -182,7 +184,7 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     conf = RegenConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        concurrency=args.concurrency, max_prompt_tokens=args.max_prompt_tokens)
     items = sharegpt_items(AutoTokenizer.from_pretrained(target), args.limit,
-                           conf.max_prompt_tokens, args.first_id)
+                           conf.max_prompt_tokens, args.first_id, args.turn)
     if args.url:
         n = regenerate(args.url.rstrip("/"), items, args.out, conf)
     else:
@@ -328,7 +330,10 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", type=Path, required=True, help="JSONL cache (resumed if present)")
     r.add_argument("--limit", type=int, default=None, help="number of prompts (default: all)")
     r.add_argument("--first-id", type=int, default=0,
-                   help="start at this ShareGPT prompt index (default 0)")
+                   help="start at this ShareGPT conversation index (default 0)")
+    r.add_argument("--turn", type=int, default=1,
+                   help="answer each conversation's N-th user turn, the dataset's turns before it "
+                        "as context (default 1; ids of turn N: (N-1) * 100000 + index)")
     r.add_argument("--url", default=None, help="a running server (default: start one)")
     r.add_argument("--model-path", type=Path, default=None)
     r.add_argument("--max-new-tokens", type=int, default=256)

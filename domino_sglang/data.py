@@ -74,15 +74,21 @@ def iter_sharegpt(limit: int | None = None) -> Iterator[dict]:
         count += 1
 
 
-def sharegpt_prompts(limit: int | None = None) -> list[str]:
-    """First human turn of each ShareGPT conversation that has one."""
+def sharegpt_conversations() -> list[list[dict]]:
+    """Each ShareGPT conversation whose first turn is a human one with text, as chat messages
+    ({"role": "user" | "assistant", "content"}): its leading run of alternating turns with text.
+    A conversation's position in this list is its prompt id."""
     out = []
     for record in iter_sharegpt():
-        turns = record.get("conversations") or []
-        if turns and turns[0].get("from") == "human" and turns[0].get("value", "").strip():
-            out.append(turns[0]["value"])
-            if limit is not None and len(out) >= limit:
+        messages: list[dict] = []
+        for k, turn in enumerate(record.get("conversations") or []):
+            role = {"human": "user", "gpt": "assistant"}.get(turn.get("from"))
+            text = turn.get("value") or ""
+            if role != ("user", "assistant")[k % 2] or not text.strip():
                 break
+            messages.append({"role": role, "content": text})
+        if messages:
+            out.append(messages)
     return out
 
 

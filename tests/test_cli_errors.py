@@ -162,3 +162,11 @@ def test_regenerate_rejects_a_negative_first_id(capsys):
     assert exc.value.code == 2
     assert capsys.readouterr().err.strip() == (
         "domino-sglang: error: regenerate: --first-id must be >= 0, got -1")
+
+
+def test_regenerate_rejects_turn_zero(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["regenerate", "--out", "unused.jsonl", "--turn", "0"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "domino-sglang: error: regenerate: --turn must be >= 1, got 0")

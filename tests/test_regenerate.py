@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from domino_sglang.train.regenerate import (
+    TURN_ID_STRIDE,
     RegenConfig,
     read_records,
     recover,
@@ -122,10 +123,11 @@ def test_bad_snapshot_is_named_and_the_cache_untouched(tmp_path):
 
 
 class _CharTokenizer:
-    """A stand-in chat template: one id per character of the user turn."""
+    """A stand-in chat template: a role marker, then one id per character, for each message."""
 
     def apply_chat_template(self, messages, add_generation_prompt, tokenize):
-        return [ord(c) % 1000 for c in messages[0]["content"]]
+        return [i for m in messages
+                for i in [1 if m["role"] == "user" else 2] + [ord(c) % 1000 for c in m["content"]]]
 
 
 def test_first_id_starts_the_prompts_at_that_sharegpt_index():
@@ -137,3 +139,26 @@ def test_first_id_starts_the_prompts_at_that_sharegpt_index():
     # the same prompts under the same ids (and token ids) as a run from index 0 gives them
     assert later == [item for item in head if item[0] >= 30][:5]
     assert len(later) == 5 and later[0][0] >= 30 and head[0][0] < 30
+
+
+def test_a_later_turn_is_the_conversation_up_to_it_under_its_own_id():
+    """`regenerate --turn 2`: the prompt is the first user turn, the dataset's answer to it and
+    the second user turn, in the chat template; ids are STRIDE + the conversation's index (the
+    same index as its first turn), so first-turn ids and a stage's max_id stay as they were."""
+    from domino_sglang.data import sharegpt_conversations
+
+    tok = _CharTokenizer()
+    convs = sharegpt_conversations()[:60]
+    first = dict(sharegpt_items(tok, 60, 10**6))
+    second = dict(sharegpt_items(tok, None, 10**6, first_id=0, turn=2)[:20])
+    assert second and all(TURN_ID_STRIDE <= i < TURN_ID_STRIDE + 60 for i in list(second)[:5])
+    for pid, ids in list(second.items())[:5]:
+        conv = convs[pid - TURN_ID_STRIDE]
+        assert [m["role"] for m in conv[:3]] == ["user", "assistant", "user"]
+        assert ids == tok.apply_chat_template(conv[:3], True, True)
+        assert ids[: len(first[pid - TURN_ID_STRIDE])] == first[pid - TURN_ID_STRIDE]
+    # only conversations with a second user turn, and the length cap counts the whole context
+    assert all(len([m for m in convs[i - TURN_ID_STRIDE] if m["role"] == "user"]) >= 2
+               for i in list(second)[:5])
+    cap = 2 * len(first[0])
+    assert all(len(ids) <= cap for _, ids in sharegpt_items(tok, 10, cap, turn=2))

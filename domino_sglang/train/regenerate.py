@@ -1,7 +1,8 @@
 """Training data: ShareGPT prompts answered again by the target itself, through our SGLang server.
 
 Drafters learn what the TARGET would say, so responses are regenerated (greedy by default) rather
-than taken from the dataset. Prompts are tokenised with the target's chat template exactly as
+than taken from the dataset. A prompt is a conversation's first user turn, or (`turn` > 1) the
+conversation up to a later user turn with the dataset's answers in between. Prompts are tokenised with the target's chat template exactly as
 SGLang's OpenAI chat endpoint does (`apply_chat_template(add_generation_prompt=True)`; SmolLM2 has
 no thinking mode) and sent as `input_ids` to the native `/generate`, which returns the generated
 ids, so no re-tokenisation can drift from what the server produced.
@@ -40,10 +41,16 @@ class RegenConfig:
     timeout_s: float = 1800.0
 
 
-def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
-    """The token ids SGLang's chat endpoint would feed the model for one user turn."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                        add_generation_prompt=True, tokenize=True)
+# A later turn's id: (turn - 1) * TURN_ID_STRIDE + the conversation's index, so first turns keep
+# their ids (< 17,671 conversations) and a stage's `max_id` below the stride excludes later turns.
+TURN_ID_STRIDE = 100_000
+
+
+def chat_prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
+    """The token ids SGLang's chat endpoint would feed the model for one user turn, or for chat
+    messages ending with a user turn."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in newer transformers
         ids = ids["input_ids"]
     return list(ids)
@@ -164,22 +171,26 @@ def _drain(pool: ThreadPoolExecutor, url: str, todo: list, out_path: Path, conf:
     return written
 
 
-def sharegpt_items(tokenizer, limit: int | None, max_prompt_tokens: int, first_id: int = 0
-                   ) -> list[tuple[int, list[int]]]:
-    """(index in ShareGPT first turns, chat prompt ids) from index `first_id` on, at most `limit`
-    of them, skipping prompts over the length cap.
+def sharegpt_items(tokenizer, limit: int | None, max_prompt_tokens: int, first_id: int = 0,
+                   turn: int = 1) -> list[tuple[int, list[int]]]:
+    """(prompt id, chat prompt ids) of the `turn`-th user turn of each ShareGPT conversation from
+    index `first_id` on, at most `limit` of them, skipping prompts over the length cap.
 
-    The index is the prompt's stable id in the cache, so a resume with the same data skips it.
+    Turn 1 is the first user message alone, with the conversation's index as its id. A later turn
+    is the conversation up to that user message, the dataset's own assistant answers in between
+    (the target answers the last turn only), with id (turn - 1) * TURN_ID_STRIDE + index.
+    The id is the prompt's stable key in the cache, so a resume with the same data skips it.
     """
-    from domino_sglang.data import sharegpt_prompts
+    from domino_sglang.data import sharegpt_conversations
 
     out = []
-    for i, prompt in enumerate(sharegpt_prompts()):
-        if i < first_id:
+    for i, conv in enumerate(sharegpt_conversations()):
+        users = [k for k, m in enumerate(conv) if m["role"] == "user"]
+        if i < first_id or len(users) < turn:
             continue
-        ids = chat_prompt_ids(tokenizer, prompt)
+        ids = chat_prompt_ids(tokenizer, conv[: users[turn - 1] + 1])
         if len(ids) <= max_prompt_tokens:
-            out.append((i, ids))
+            out.append(((turn - 1) * TURN_ID_STRIDE + i, ids))
             if limit is not None and len(out) >= limit:
                 break
     return out
