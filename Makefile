@@ -68,7 +68,7 @@ loadtest: venv
 # The shipped drafter's recipe (hours on 2 CPU cores; every stage resumes where it stopped).
 RECIPE     ?= domino_sglang/train/recipes/smollm2-135m.toml
 REGEN_DATA ?= $(HOME)/.cache/domino_sglang/data/sharegpt-greedy256.jsonl
-REGEN_N    ?= 11137  # every ShareGPT first turn (stage 14 reads them all, up to 11136)
+REGEN_N    ?= 11137  # every ShareGPT first turn (stages 14 and 15 read up to 11136)
 REGEN_SNAPSHOT := domino_sglang/train/data/sharegpt-greedy256.jsonl.gz
 RUN_DIR    ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino
 RECIPE2    ?= domino_sglang/train/recipes/smollm2-135m-stage2.toml
@@ -97,6 +97,8 @@ RECIPE13   ?= domino_sglang/train/recipes/smollm2-135m-stage13.toml
 RUN_DIR13  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage13
 RECIPE14   ?= domino_sglang/train/recipes/smollm2-135m-stage14.toml
 RUN_DIR14  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage14
+RECIPE15   ?= domino_sglang/train/recipes/smollm2-135m-stage15.toml
+RUN_DIR15  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage15
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 # $(call next_stage,RECIPE,RUN_DIR,INIT_RUN_DIR): train a stage from the previous one's drafter,
@@ -147,6 +149,8 @@ train-drafter: regenerate
 	$(call next_stage,$(RECIPE13),$(RUN_DIR13),$(RUN_DIR12))
 	mkdir -p $(RUN_DIR14) && cp -n $(RUN_DIR13)/draft_vocab.json $(RUN_DIR14)/
 	$(call next_stage,$(RECIPE14),$(RUN_DIR14),$(RUN_DIR13))
+	mkdir -p $(RUN_DIR15) && cp -n $(RUN_DIR14)/draft_vocab.json $(RUN_DIR15)/
+	$(call next_stage,$(RECIPE15),$(RUN_DIR15),$(RUN_DIR14))
 
 # Stage 4 (not shipped: see its recipe): continues stage 3 on 2.5x the data, then compares the two
 # on answers no stage saw (ShareGPT ids 3401..3800).

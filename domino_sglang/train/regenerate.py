@@ -2,10 +2,11 @@
 
 Drafters learn what the TARGET would say, so responses are regenerated (greedy by default) rather
 than taken from the dataset. A prompt is a conversation's first user turn, or (`turn` > 1) the
-conversation up to a later user turn with the dataset's answers in between. Prompts are tokenised with the target's chat template exactly as
-SGLang's OpenAI chat endpoint does (`apply_chat_template(add_generation_prompt=True)`; SmolLM2 has
-no thinking mode) and sent as `input_ids` to the native `/generate`, which returns the generated
-ids, so no re-tokenisation can drift from what the server produced.
+conversation up to a later user turn with the dataset's answers in between. Prompts are tokenised
+with the target's chat template exactly as SGLang's OpenAI chat endpoint does
+(`apply_chat_template(add_generation_prompt=True)`; SmolLM2 has no thinking mode) and sent as
+`input_ids` to the native `/generate`, which returns the generated ids, so no re-tokenisation can
+drift from what the server produced.
 
 Cache: one JSONL file, one record per prompt `{"id", "prompt_ids", "output_ids", "finish"}`,
 appended and fsync'ed as each response arrives. On resume the file is first cut back to its last
