@@ -69,6 +69,7 @@ loadtest: venv
 RECIPE     ?= domino_sglang/train/recipes/smollm2-135m.toml
 REGEN_DATA ?= $(HOME)/.cache/domino_sglang/data/sharegpt-greedy256.jsonl
 REGEN_N    ?= 11137  # every ShareGPT first turn (stages 14 and 15 read up to 11136)
+REGEN_N2   ?= 1069   # second turns stage 16 reads (ids 100000..102548)
 REGEN_SNAPSHOT := domino_sglang/train/data/sharegpt-greedy256.jsonl.gz
 RUN_DIR    ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino
 RECIPE2    ?= domino_sglang/train/recipes/smollm2-135m-stage2.toml
@@ -99,6 +100,8 @@ RECIPE14   ?= domino_sglang/train/recipes/smollm2-135m-stage14.toml
 RUN_DIR14  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage14
 RECIPE15   ?= domino_sglang/train/recipes/smollm2-135m-stage15.toml
 RUN_DIR15  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage15
+RECIPE16   ?= domino_sglang/train/recipes/smollm2-135m-stage16.toml
+RUN_DIR16  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage16
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 # $(call next_stage,RECIPE,RUN_DIR,INIT_RUN_DIR): train a stage from the previous one's drafter,
@@ -122,6 +125,7 @@ data-snapshot: venv
 
 regenerate: target data
 	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --limit $(REGEN_N) --concurrency 64
+	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --turn 2 --limit $(REGEN_N2) --concurrency 64
 
 train-drafter: regenerate
 	$(BIN)/domino-sglang train --config $(RECIPE) --data $(REGEN_DATA) --out $(RUN_DIR)
@@ -151,6 +155,8 @@ train-drafter: regenerate
 	$(call next_stage,$(RECIPE14),$(RUN_DIR14),$(RUN_DIR13))
 	mkdir -p $(RUN_DIR15) && cp -n $(RUN_DIR14)/draft_vocab.json $(RUN_DIR15)/
 	$(call next_stage,$(RECIPE15),$(RUN_DIR15),$(RUN_DIR14))
+	mkdir -p $(RUN_DIR16) && cp -n $(RUN_DIR15)/draft_vocab.json $(RUN_DIR16)/
+	$(call next_stage,$(RECIPE16),$(RUN_DIR16),$(RUN_DIR15))
 
 # Stage 4 (not shipped: see its recipe): continues stage 3 on 2.5x the data, then compares the two
 # on answers no stage saw (ShareGPT ids 3401..3800).
