@@ -474,3 +474,52 @@ def test_grown_drafter_starts_as_the_init_drafter_and_learns(tmp_path):
     assert trained["layers.0.self_attn.o_proj.weight"].abs().sum() > 0
     with pytest.raises(TrainConfigError, match="'add_layers' grows an 'init' drafter"):
         load_train_config(None, {"data": "d", "out": "o", "add_layers": 2})
+
+
+def test_grown_head_starts_as_the_init_head_and_learns(tmp_path):
+    """grow_gru / grow_emb widen the GRU and the low-rank correction with zeros wherever the new
+    weights would reach the old outputs: the grown head corrects exactly as its init did, a live
+    new rank changes the correction, and training moves the new ranks off zero."""
+    from safetensors.torch import load_file
+
+    from domino_sglang.train import trainer as tr
+    from domino_sglang.train.curriculum import head_correction
+
+    small = load_train_config(None, tiny_overrides(tmp_path, steps=6))
+    train(small, progress=False)
+    src = tmp_path / "run" / "drafter"
+    big = load_train_config(None, tiny_overrides(tmp_path, steps=3, init=str(src), grow_gru=5,
+                                                 grow_emb=3, lambda_decay_frac=0.0,
+                                                 out=str(tmp_path / "grown")))
+    train(big, progress=False)
+    seed = tmp_path / "grown" / "init"
+    conf = tr.load_draft_config(seed)
+    assert (conf.gru_hidden_dim, conf.emb_dim) == (8 + 5, 4 + 3)
+
+    feats = tr.TargetFeatures(small.target, list(conf.target_layer_ids), torch.float32)
+    rec = tr.load_records(small.data, small.max_seq_len)[0]
+    anchors = tr.sample_anchors(rec["start"], len(rec["ids"]), 4, torch.Generator().manual_seed(1))
+
+    def correction(folder, tweak=None):
+        drafter = tr.DominoDrafter.from_pretrained(tr.load_draft_config(folder),
+                                                   dtype=torch.float32)
+        if tweak:
+            tweak(drafter)
+        module = tr.DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+        with torch.no_grad():
+            z, prev, _ = module._blocks(torch.tensor(rec["ids"]), feats(rec), anchors, 4)
+            return head_correction(drafter.prefix_gru, drafter.embed_proj, z, prev)
+
+    c_src = correction(src)
+    assert c_src.abs().sum() > 0  # the init head corrects at all
+    torch.testing.assert_close(correction(seed), c_src, rtol=1e-5, atol=1e-6)
+    # power: a new rank with a live output column changes the correction
+    live = correction(seed, lambda d: torch.nn.init.normal_(d.embed_proj[2].weight[:, 4:]))
+    assert not torch.allclose(live, c_src, atol=1e-4)
+
+    grown = load_file(str(seed / "model.safetensors"))
+    assert grown["embed_proj.2.weight"][:, 4:].abs().sum() == 0
+    trained = torch.load(tmp_path / "grown" / "checkpoint" / "drafter.pt", weights_only=True)
+    assert trained["embed_proj.2.weight"][:, 4:].abs().sum() > 0
+    with pytest.raises(TrainConfigError, match="'grow_gru' grows an 'init' drafter"):
+        load_train_config(None, {"data": "d", "out": "o", "grow_gru": 8})

@@ -47,6 +47,8 @@ class TrainConfig:
     add_layers: int = 0  # with init: grow it by this many layers, inserted below its own and
     #                      starting as the identity (see grow_drafter), so training resumes
     #                      from the init drafter's exact function with more capacity
+    grow_gru: int = 0  # with init: widen the head's GRU by this many units and its low-rank
+    grow_emb: int = 0  # correction by this many ranks, starting as init's head (grow_head)
     block_size: int = 16
     num_features: int = 3
     gru_hidden_dim: int = 256
@@ -102,11 +104,13 @@ class TrainConfig:
                     f"train: '{key}' must be in [0, 1], got {getattr(self, key)}")
         if not 2 <= self.block_size <= 64:
             raise TrainConfigError(f"train: 'block_size' must be in 2..64, got {self.block_size}")
-        if self.add_layers < 0:
-            raise TrainConfigError(f"train: 'add_layers' must be >= 0, got {self.add_layers}")
-        if self.add_layers and not self.init:
-            raise TrainConfigError("train: 'add_layers' grows an 'init' drafter; set 'init' "
-                                   "(a fresh drafter takes 'num_layers')")
+        for key, fresh in (("add_layers", "num_layers"), ("grow_gru", "gru_hidden_dim"),
+                           ("grow_emb", "emb_dim")):
+            if getattr(self, key) < 0:
+                raise TrainConfigError(f"train: '{key}' must be >= 0, got {getattr(self, key)}")
+            if getattr(self, key) and not self.init:
+                raise TrainConfigError(f"train: '{key}' grows an 'init' drafter; set 'init' "
+                                       f"(a fresh drafter takes '{fresh}')")
         if self.first_anchors < 0:
             raise TrainConfigError(f"train: 'first_anchors' must be >= 0, got {self.first_anchors}")
         if self.compute_dtype not in ("bfloat16", "float32"):
@@ -365,6 +369,9 @@ def _drafter_config(conf: TrainConfig, target: Path) -> dict:
     if conf.init:
         cfg = json.loads((Path(conf.init) / "config.json").read_text())
         cfg["num_hidden_layers"] = cfg.get("num_hidden_layers", 0) + conf.add_layers
+        head = cfg["dflash_config"]
+        head["gru_hidden_dim"] = head.get("gru_hidden_dim", 0) + conf.grow_gru
+        head["emb_dim"] = head.get("emb_dim", 0) + conf.grow_emb
     else:
         cfg = make_draft_config(json.loads((target / "config.json").read_text()),
                                 num_layers=conf.num_layers, block_size=conf.block_size,
@@ -518,9 +525,10 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
 
     seed_dir = out / "init"  # the starting drafter in upstream layout (validates the config)
     if rank == 0 and not (seed_dir / "config.json").exists():
-        if conf.init and conf.add_layers:
-            save_drafter(seed_dir, dcfg, grow_drafter(Path(conf.init), target, conf.add_layers),
-                         dtype=torch.float32)
+        if conf.init and (conf.add_layers or conf.grow_gru or conf.grow_emb):
+            weights = grow_drafter(Path(conf.init), target, conf.add_layers)
+            weights = grow_head(weights, conf.grow_gru, conf.grow_emb, seed=conf.seed)
+            save_drafter(seed_dir, dcfg, weights, dtype=torch.float32)
         elif conf.init:
             import shutil
 
@@ -686,6 +694,8 @@ def grow_drafter(src: Path, target: Path, add: int) -> dict:
             i, rest = name[len("layers."):].split(".", 1)
             name = f"layers.{int(i) + add}.{rest}"
         grown[name] = t.float()
+    if not add:
+        return grown
     cfg = json.loads((src / "config.json").read_text())
     cfg["num_hidden_layers"] = n_old + add
     big = _load_conf_from_dict(cfg, src / ".grow-config")
@@ -698,6 +708,41 @@ def grow_drafter(src: Path, target: Path, add: int) -> dict:
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 grown[name] = torch.zeros_like(grown[name])
     return grown
+
+
+def grow_head(weights: dict, add_gru: int, add_emb: int, seed: int = 0, std: float = 0.02
+              ) -> dict:
+    """Drafter `weights` with the causal head widened: `add_gru` more GRU units, `add_emb` more
+    ranks in the low-rank correction W2 silu(W1 [z; s]).
+
+    Function-preserving like grow_drafter: the new weights are random (std) except where they
+    would reach the old outputs, which are zero: the old GRU units read no new unit (W_h* new
+    columns), W1's old rows read no new unit, and W2's new columns are zero, so the grown head
+    corrects exactly as before. Gradients reach every new weight (the new states are non-zero
+    and W2's new columns are the first to move, as with LoRA's zero B).
+    """
+    if not add_gru and not add_emb:
+        return weights
+    gen = torch.Generator().manual_seed(seed)
+    ih, hh = weights["prefix_gru.weight_ih_l0"].float(), weights["prefix_gru.weight_hh_l0"].float()
+    w1, w2 = weights["embed_proj.0.weight"].float(), weights["embed_proj.2.weight"].float()
+    g, e = hh.shape[1], w1.shape[0]  # old widths; ih [3g, H], hh [3g, g], w1 [e, H+g], w2 [V, e]
+    h, big_g, big_e = ih.shape[1], g + add_gru, e + add_emb
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * std
+
+    new_ih = torch.cat((ih.view(3, g, h), rand(3, add_gru, h)), dim=1)  # [3, G, H]: r, z, n gates
+    new_hh = rand(3, big_g, big_g)  # [3, G, G]
+    new_hh[:, :g, :g] = hh.view(3, g, g)
+    new_hh[:, :g, g:] = 0  # old units never read new ones
+    new_w1 = rand(big_e, h + big_g)  # [E, H+G]
+    new_w1[:e, : h + g] = w1
+    new_w1[:e, h + g:] = 0  # the old ranks never read the new units
+    new_w2 = torch.cat((w2, torch.zeros(w2.shape[0], add_emb)), dim=1)  # [V, E]: new ranks silent
+    return {**weights, "prefix_gru.weight_ih_l0": new_ih.reshape(3 * big_g, h),
+            "prefix_gru.weight_hh_l0": new_hh.reshape(3 * big_g, big_g),
+            "embed_proj.0.weight": new_w1, "embed_proj.2.weight": new_w2}
 
 
 def _load_conf_from_dict(cfg: dict, scratch: Path):
