@@ -14,7 +14,7 @@ USERS   ?= 4
 DURATION ?= 60s
 
 .PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean data data-snapshot regenerate \
-	train-drafter train-stage4 train-stage6
+	train-drafter train-stage4 train-stage6 train-stage17
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -102,6 +102,8 @@ RECIPE15   ?= domino_sglang/train/recipes/smollm2-135m-stage15.toml
 RUN_DIR15  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage15
 RECIPE16   ?= domino_sglang/train/recipes/smollm2-135m-stage16.toml
 RUN_DIR16  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage16
+RECIPE17   ?= domino_sglang/train/recipes/smollm2-135m-stage17.toml
+RUN_DIR17  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage17
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 # $(call next_stage,RECIPE,RUN_DIR,INIT_RUN_DIR): train a stage from the previous one's drafter,
@@ -173,6 +175,16 @@ train-stage6: train-drafter
 		--init $(RUN_DIR5)/drafter
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
 		--max-tokens 128 $(RUN_DIR5)/drafter $(RUN_DIR6)/drafter
+
+# Stage 17 (the head-capacity experiment, not shipped: see its recipe): stage 16 with its head
+# widened (grow_gru, grow_emb) on the second turns up to id 107358 (`make data` restores them),
+# then compared with stage 16 on the evaluation prompts.
+train-stage17: train-drafter
+	mkdir -p $(RUN_DIR17) && cp -n $(RUN_DIR16)/draft_vocab.json $(RUN_DIR17)/
+	$(BIN)/domino-sglang train --config $(RECIPE17) --data $(REGEN_DATA) --out $(RUN_DIR17) \
+		--init $(RUN_DIR16)/drafter
+	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
+		--max-tokens 128 $(RUN_DIR16)/drafter $(RUN_DIR17)/drafter
 
 clean:
 	rm -rf $(VENV)

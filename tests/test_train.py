@@ -422,6 +422,23 @@ def test_first_draft_anchors_without_extra_are_the_plain_sample():
         assert full == a and first == []
 
 
+def _draft_blocks(conf, folder: Path, tweak=None):
+    """(drafter, z [n, B-1, H], GRU inputs [n, B-1, H]) of the drafter in `folder` (after
+    `tweak(drafter)`) on 4 fixed blocks of the first tiny record (block size 4)."""
+    from domino_sglang.train import trainer as tr
+
+    drafter = tr.DominoDrafter.from_pretrained(tr.load_draft_config(folder), dtype=torch.float32)
+    if tweak:
+        tweak(drafter)
+    feats = tr.TargetFeatures(conf.target, list(drafter.conf.target_layer_ids), torch.float32)
+    rec = tr.load_records(conf.data, conf.max_seq_len)[0]
+    anchors = tr.sample_anchors(rec["start"], len(rec["ids"]), 4, torch.Generator().manual_seed(1))
+    module = tr.DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+    with torch.no_grad():
+        z, prev, _ = module._blocks(torch.tensor(rec["ids"]), feats(rec), anchors, 4)
+    return drafter, z, prev
+
+
 def test_grown_drafter_starts_as_the_init_drafter_and_learns(tmp_path):
     """add_layers inserts identity layers below the init drafter's (zero o_proj / down_proj,
     the rest from the target's layers just below): the grown drafter drafts exactly what its
@@ -439,21 +456,8 @@ def test_grown_drafter_starts_as_the_init_drafter_and_learns(tmp_path):
     seed = tmp_path / "grown" / "init"
     assert tr.load_draft_config(seed).num_layers == 3
 
-    layer_ids = list(tr.load_draft_config(src).target_layer_ids)
-    feats = tr.TargetFeatures(small.target, layer_ids, torch.float32)
-    rec = tr.load_records(small.data, small.max_seq_len)[0]
-    ids = torch.tensor(rec["ids"])
-    anchors = tr.sample_anchors(rec["start"], len(rec["ids"]), 4, torch.Generator().manual_seed(1))
-
     def blocks(folder, tweak=None):
-        drafter = tr.DominoDrafter.from_pretrained(tr.load_draft_config(folder),
-                                                   dtype=torch.float32)
-        if tweak:
-            tweak(drafter)
-        module = tr.DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
-        with torch.no_grad():
-            z, prev, _ = module._blocks(ids, feats(rec), anchors, 4)
-        return z, prev
+        return _draft_blocks(small, folder, tweak)[1:]
 
     z_src, prev_src = blocks(src)
     z_big, prev_big = blocks(seed)
@@ -496,18 +500,9 @@ def test_grown_head_starts_as_the_init_head_and_learns(tmp_path):
     conf = tr.load_draft_config(seed)
     assert (conf.gru_hidden_dim, conf.emb_dim) == (8 + 5, 4 + 3)
 
-    feats = tr.TargetFeatures(small.target, list(conf.target_layer_ids), torch.float32)
-    rec = tr.load_records(small.data, small.max_seq_len)[0]
-    anchors = tr.sample_anchors(rec["start"], len(rec["ids"]), 4, torch.Generator().manual_seed(1))
-
     def correction(folder, tweak=None):
-        drafter = tr.DominoDrafter.from_pretrained(tr.load_draft_config(folder),
-                                                   dtype=torch.float32)
-        if tweak:
-            tweak(drafter)
-        module = tr.DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+        drafter, z, prev = _draft_blocks(small, folder, tweak)
         with torch.no_grad():
-            z, prev, _ = module._blocks(torch.tensor(rec["ids"]), feats(rec), anchors, 4)
             return head_correction(drafter.prefix_gru, drafter.embed_proj, z, prev)
 
     c_src = correction(src)
