@@ -69,7 +69,7 @@ loadtest: venv
 RECIPE     ?= domino_sglang/train/recipes/smollm2-135m.toml
 REGEN_DATA ?= $(HOME)/.cache/domino_sglang/data/sharegpt-greedy256.jsonl
 REGEN_N    ?= 11137  # every ShareGPT first turn (stages 14 and 15 read up to 11136)
-REGEN_N2   ?= 1069   # second turns stage 16 reads (ids 100000..102548)
+REGEN_N2   ?= 4616   # every second turn that fits (ids 100000..111136; stage 18 reads them all)
 REGEN_SNAPSHOT := domino_sglang/train/data/sharegpt-greedy256.jsonl.gz
 RUN_DIR    ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino
 RECIPE2    ?= domino_sglang/train/recipes/smollm2-135m-stage2.toml
@@ -104,6 +104,8 @@ RECIPE16   ?= domino_sglang/train/recipes/smollm2-135m-stage16.toml
 RUN_DIR16  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage16
 RECIPE17   ?= domino_sglang/train/recipes/smollm2-135m-stage17.toml
 RUN_DIR17  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage17
+RECIPE18   ?= domino_sglang/train/recipes/smollm2-135m-stage18.toml
+RUN_DIR18  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage18
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 # $(call next_stage,RECIPE,RUN_DIR,INIT_RUN_DIR): train a stage from the previous one's drafter,
@@ -159,6 +161,8 @@ train-drafter: regenerate
 	$(call next_stage,$(RECIPE15),$(RUN_DIR15),$(RUN_DIR14))
 	mkdir -p $(RUN_DIR16) && cp -n $(RUN_DIR15)/draft_vocab.json $(RUN_DIR16)/
 	$(call next_stage,$(RECIPE16),$(RUN_DIR16),$(RUN_DIR15))
+	mkdir -p $(RUN_DIR18) && cp -n $(RUN_DIR16)/draft_vocab.json $(RUN_DIR18)/
+	$(call next_stage,$(RECIPE18),$(RUN_DIR18),$(RUN_DIR16))
 
 # Stage 4 (not shipped: see its recipe): continues stage 3 on 2.5x the data, then compares the two
 # on answers no stage saw (ShareGPT ids 3401..3800).
