@@ -70,6 +70,7 @@ RECIPE     ?= domino_sglang/train/recipes/smollm2-135m.toml
 REGEN_DATA ?= $(HOME)/.cache/domino_sglang/data/sharegpt-greedy256.jsonl
 REGEN_N    ?= 11137  # every ShareGPT first turn (stages 14 and 15 read up to 11136)
 REGEN_N2   ?= 4616   # every second turn that fits (ids 100000..111136; stage 18 reads them all)
+REGEN_N3   ?= 1432   # every third turn that fits (ids 200000..211134; stage 19 reads them all)
 REGEN_SNAPSHOT := domino_sglang/train/data/sharegpt-greedy256.jsonl.gz
 RUN_DIR    ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino
 RECIPE2    ?= domino_sglang/train/recipes/smollm2-135m-stage2.toml
@@ -106,6 +107,8 @@ RECIPE17   ?= domino_sglang/train/recipes/smollm2-135m-stage17.toml
 RUN_DIR17  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage17
 RECIPE18   ?= domino_sglang/train/recipes/smollm2-135m-stage18.toml
 RUN_DIR18  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage18
+RECIPE19   ?= domino_sglang/train/recipes/smollm2-135m-stage19.toml
+RUN_DIR19  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage19
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 # $(call next_stage,RECIPE,RUN_DIR,INIT_RUN_DIR): train a stage from the previous one's drafter,
@@ -130,6 +133,7 @@ data-snapshot: venv
 regenerate: target data
 	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --limit $(REGEN_N) --concurrency 64
 	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --turn 2 --limit $(REGEN_N2) --concurrency 64
+	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --turn 3 --limit $(REGEN_N3) --concurrency 64
 
 train-drafter: regenerate
 	$(BIN)/domino-sglang train --config $(RECIPE) --data $(REGEN_DATA) --out $(RUN_DIR)
@@ -163,6 +167,8 @@ train-drafter: regenerate
 	$(call next_stage,$(RECIPE16),$(RUN_DIR16),$(RUN_DIR15))
 	mkdir -p $(RUN_DIR18) && cp -n $(RUN_DIR16)/draft_vocab.json $(RUN_DIR18)/
 	$(call next_stage,$(RECIPE18),$(RUN_DIR18),$(RUN_DIR16))
+	mkdir -p $(RUN_DIR19) && cp -n $(RUN_DIR16)/draft_vocab.json $(RUN_DIR19)/
+	$(call next_stage,$(RECIPE19),$(RUN_DIR19),$(RUN_DIR18))
 
 # Stage 4 (not shipped: see its recipe): continues stage 3 on 2.5x the data, then compares the two
 # on answers no stage saw (ShareGPT ids 3401..3800).
