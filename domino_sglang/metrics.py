@@ -129,6 +129,12 @@ class DominoMetrics:
             "head_changed_tokens_total",
             "Reached draft positions where the head overrode the backbone's argmax, by "
             "`outcome` (right = accepted, wrong = rejected).", ("outcome",))
+        self.lookup_rounds = counter(
+            "lookup_rounds_total",
+            "Request-rounds drafted by prompt lookup (copied from the request's own history) "
+            "instead of the Domino drafter; included in the series above.")
+        self.lookup_accepted = counter(
+            "lookup_tokens_accepted_total", "Copied draft tokens the target kept.")
         self.fallbacks = counter(
             "fallback_requests_total",
             "Request-rounds decoded without speculation (L = 1), by `reason`.",
@@ -159,6 +165,8 @@ class DominoMetrics:
                     for p in range(1, max_draft_len)]
         self._right = self.head_changed.labels(**lv, outcome="right")
         self._wrong = self.head_changed.labels(**lv, outcome="wrong")
+        self._lookup_rounds = self.lookup_rounds.labels(**lv)
+        self._lookup_accepted = self.lookup_accepted.labels(**lv)
         for reason in FALLBACK_REASONS:
             self.fallbacks.labels(**lv, reason=reason)
         self._draft_time = self.draft_time.labels(**lv)
@@ -221,6 +229,14 @@ class DominoMetrics:
         if len(spans) >= 2:
             self._draft_time.observe(spans[0])
             self._verify_time.observe(spans[1])
+
+    def record_lookup(self, rows: torch.Tensor, accept_lens: torch.Tensor) -> None:
+        """The rows [bs] bool of a round drafted by prompt lookup, and every row's a + 1."""
+        if not self.enabled:
+            return
+        n, accepted = torch.stack((rows.sum(), (accept_lens - 1)[rows].sum())).tolist()
+        self._lookup_rounds.inc(n)
+        self._lookup_accepted.inc(accepted)
 
     def record_cost_scale(self, k: float) -> None:
         """The adaptive policy's calibrated cost scale k (policy.CostCalibration)."""

@@ -52,6 +52,7 @@ from domino_sglang.config import (
 )
 from domino_sglang.context import DeferredContext
 from domino_sglang.cpu import linear as cpu_linear
+from domino_sglang.lookup import lookup_draft, lookup_from_env
 from domino_sglang.metrics import DominoMetrics, head_change_outcomes
 from domino_sglang.model import sglang_draft_model_class
 from domino_sglang.policy import SpeculationPolicy, cost_model
@@ -65,7 +66,7 @@ from domino_sglang.sampling import (
     sampled_rollout,
     seeded_uniform,
 )
-from domino_sglang.verify import verify_greedy, verify_mixed
+from domino_sglang.verify import one_hot_proposal, verify_greedy, verify_mixed
 from domino_sglang.vocab import load_draft_vocab
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class DominoWorker(BaseSpecWorker):
         # DOMINO_HEAD=0: backbone only, i.e. the DFlash baseline from the same checkpoint.
         self.use_head = os.environ.get("DOMINO_HEAD", "1") != "0"
         self.short_draft = short_draft_from_env(conf.short_draft)  # see propose
+        self.lookup = lookup_from_env()  # DOMINO_LOOKUP=0: Domino drafts only (lookup.py)
 
         # The draft config names SGLang's DFlashDraftModel; in this (scheduler) process, and only
         # when DOMINO was chosen, that architecture resolves to our drafter class.
@@ -142,10 +144,12 @@ class DominoWorker(BaseSpecWorker):
         # plain rounds' draft-context writes, batched until a draft pass needs them (context.py)
         self.context = DeferredContext(self.write_draft_context)
         logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s, "
-                    "draft pass %s, policy %s (cost profile %s: %s)", self.block_size,
+                    "draft pass %s, prompt lookup %s, policy %s (cost profile %s: %s)",
+                    self.block_size,
                     conf.num_layers, list(conf.target_layer_ids),
                     self.candidate_pool or "full vocabulary", "on" if self.use_head else "OFF",
                     "L tokens" if self.short_draft else "whole block",
+                    "on" if self.lookup else "off",
                     "adaptive" if self.policy.enabled else "fixed block", profile, cost)
 
     # ---- lifecycle hooks called by the scheduler ----
@@ -263,6 +267,17 @@ class DominoWorker(BaseSpecWorker):
         else:
             block = self.policy.draft_len(bs, committed)
         self.record_fallbacks(bs, block, capped)
+        clock = self.metrics.clock()
+        # Prompt lookup (lookup.py): rows whose last tokens recur in their own history draft by
+        # copying. A draft pass runs only if some row is neither copied nor capped; without one
+        # L = 1 + the longest copy (a seeded sampled batch keeps the full block, as above).
+        looked = None  # [bs] bool: rows drafted by copying
+        if self.lookup and block > 1:
+            looked, copies, longest = self.lookup_drafts(batch, draft_input.bonus_tokens, capped)
+        draft_pass = looked is None or bool((~looked if capped is None
+                                             else ~looked & ~capped).any())
+        if not draft_pass and not pinned and self.policy.pinned is None:
+            block = 1 + longest
         self.context.before_round(tuple(r.rid for r in batch.reqs), speculative=block > 1)
         prefix_lens = batch.seq_lens  # committed tokens (x_t, the bonus, is not among them)
         chain = torch.full((bs, self.block_size), self.conf.mask_token_id, dtype=torch.int64,
@@ -271,14 +286,19 @@ class DominoWorker(BaseSpecWorker):
         positions = prefix_lens[:, None] + self._block_offsets  # [bs, B]
         slots = self.block_slots(batch, prefix_lens).view(bs, -1)  # [bs, B]
 
-        clock = self.metrics.clock()
         rows = u = None
         if sampled:
             rows = SamplingRows.from_sampling_info(batch.sampling_info, seeds)
             u = RoundUniforms.for_round(rows.seed, prefix_lens, block)
         # q [bs, L-1, V] (sampled: the distributions the drafts were drawn from), or the
-        # backbone's own argmax picks (greedy: head metrics); None for L = 1
-        drafted = self.propose(batch, chain, positions, slots, block, rows, u)
+        # backbone's own argmax picks (greedy: head metrics); None for L = 1 or no draft pass
+        drafted = (self.propose(batch, chain, positions, slots, block, rows, u) if draft_pass
+                   else None)
+        if looked is not None:  # copied rows: [x_t, copy, MASK..]; sampled: q = one-hot
+            chain[looked, 1:] = copies[looked]
+            if sampled:
+                drafted = one_hot_proposal(chain[:, 1:block], looked, drafted,
+                                           self.head.vocab_size)
         chain, positions = chain[:, :block].contiguous(), positions[:, :block].reshape(-1)
         slots = slots[:, :block].reshape(-1)
         clock.mark()  # drafted
@@ -314,13 +334,22 @@ class DominoWorker(BaseSpecWorker):
         logits_output.hidden_states = None
         bonus = tokens.gather(1, (accept_lens - 1)[:, None]).squeeze(1)
         if self.metrics.enabled:
-            self.metrics.record_round(accept_lens, block, clock, None if sampled or block == 1
-                                      else head_change_outcomes(chain[:, 1:], drafted,
-                                                                target_choice, accept_lens))
-        if self.policy.enabled:  # capped rows gain nothing from L: they do not vote
-            keep = uncapped if capped is None else uncapped[~capped]
-            self.policy.observe(keep.tolist(), block)
-        self._last_round = (bs, block, started)
+            outcomes = None  # the head's changes, on the rows it drafted
+            if not sampled and drafted is not None:
+                d = slice(None) if looked is None else ~looked
+                outcomes = head_change_outcomes(chain[d, 1:], drafted[d], target_choice[d],
+                                                accept_lens[d])
+            self.metrics.record_round(accept_lens, block, clock, outcomes)
+            if looked is not None:
+                self.metrics.record_lookup(looked, accept_lens)
+        if self.policy.enabled and draft_pass:  # alpha is the Domino drafts': capped rows
+            voters = None if capped is None else ~capped  # gain nothing from L, copied rows
+            if looked is not None:  # are another drafter's
+                voters = ~looked if voters is None else voters & ~looked
+            self.policy.observe((uncapped if voters is None else uncapped[voters]).tolist(),
+                                block)
+        # the cost profile prices rounds with a draft pass (or plain ones): others are not timed
+        self._last_round = (bs, block, started) if draft_pass else None
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=tokens.reshape(-1),
@@ -352,6 +381,29 @@ class DominoWorker(BaseSpecWorker):
             z, chain[:, 0], self.head, self.candidate_pool, use_head=self.use_head,
             return_base_pick=True)
         return base_pick
+
+    def lookup_drafts(self, batch, bonus: torch.Tensor, capped: torch.Tensor | None
+                      ) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
+        """Prompt-lookup drafts (lookup.py) from each request's prompt + output so far: (rows
+        [bs] bool that have one, drafts [bs, B-1] padded with the mask token, the longest
+        draft's length), or (None, None, 0) when no request has one. Capped requests take
+        none. A request whose recorded output does not end in its bonus token x_t (it would,
+        the scheduler runs rounds synchronously) takes none either."""
+        n = self.block_size - 1
+        drafts = torch.full((len(batch.reqs), n), self.conf.mask_token_id, dtype=torch.int64)
+        lens = [0] * len(batch.reqs)
+        skip = [False] * len(batch.reqs) if capped is None else capped.tolist()
+        for i, (req, x_t) in enumerate(zip(batch.reqs, bonus.tolist())):
+            history = req.origin_input_ids + req.output_ids
+            if skip[i] or not history or history[-1] != x_t:
+                continue
+            copy = lookup_draft(torch.tensor(history, dtype=torch.int64), n)
+            drafts[i, :len(copy)] = copy
+            lens[i] = len(copy)
+        if not any(lens):
+            return None, None, 0
+        rows = torch.tensor([m > 0 for m in lens], device=self.device)
+        return rows, drafts.to(self.device), max(lens)
 
     def time_last_round(self) -> float:
         """Now; and the previous decode round's cost, start to start, to the policy's cost

@@ -1,5 +1,6 @@
 """DOMINO's accepted blocks and sampling inside the real SGLang server on CPU (one float32
-server for the module, fixed block).
+server for the module, fixed block, the drafter's own drafts only: prompt lookup, which copies
+the repetitive prompt's " cat" too, has its own module, test_lookup_server.py).
 
 Drafter: the constructed repeat drafter (tests/drafters.py), block 4. It is accepted on a
 repetitive prompt and wrong almost everywhere else, so one server exercises both the rejection /
@@ -36,7 +37,7 @@ def server(target_path, tmp_path_factory):
                        str(drafter), "--enable-custom-logit-processor"],
                       # fixed block: the tests here are about sampling, not the policy, whose
                       # batch-level estimate other tests' traffic would otherwise drive down
-                      env={"DOMINO_ADAPTIVE": "0"}) as srv:
+                      env={"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}) as srv:
         yield srv
 
 

@@ -30,7 +30,8 @@ from domino_sglang.sampling import (
     sampled_rollout,
     seeded_uniform,
 )
-from domino_sglang.verify import verify_mixed, verify_sampled
+from domino_sglang.lookup import lookup_draft
+from domino_sglang.verify import one_hot_proposal, verify_mixed, verify_sampled
 
 H, G, E, V, B = 8, 6, 5, 5, 4
 N = 20_000
@@ -92,9 +93,12 @@ class TinyTarget:
 
 
 def run_domino(target: TinyTarget, head: HeadParams, rows: SamplingRows, verify,
-               tokens: int = 3, pool: int = 0) -> torch.Tensor:
+               tokens: int = 3, pool: int = 0, lookup: str | None = None) -> torch.Tensor:
     """Rounds of draft -> verify -> commit for every row until `tokens` are generated.
 
+    lookup: rows whose history has a prompt-lookup draft (lookup.py, here from one matching
+    token, so that most rounds have one) verify the copy, as the worker does: "one-hot" with
+    q = one-hot (the worker's), "drafter-q" with the drafter's q left in place (BROKEN).
     Returns the first `tokens` generated ids per row [n, tokens].
     """
     n = rows.seed.shape[0]
@@ -108,6 +112,16 @@ def run_domino(target: TinyTarget, head: HeadParams, rows: SamplingRows, verify,
         u = RoundUniforms.for_round(rows.seed, length - 1, B)  # x_t at position length - 1
         drafts, q = sampled_rollout(z, x_t, head, rows, u.draft, candidate_pool=pool)
         chain = torch.cat((x_t[:, None], drafts), dim=1)  # [n, B]
+        if lookup is not None:
+            looked = torch.zeros(n, dtype=torch.bool)
+            for i in range(n):
+                copy = lookup_draft(hist[i, :int(length[i])], B - 1, min_match=1)
+                if len(copy):
+                    looked[i] = True
+                    chain[i, 1:] = torch.cat((copy, copy.new_zeros(B - 1 - len(copy))))
+            if lookup == "one-hot":
+                q = one_hot_proposal(chain[:, 1:], looked, q, V)
+            run_domino.looked += int(looked.sum())
         logits = target.logits(torch.cat((prev[:, None], chain[:, :-1]), 1), chain)  # [n,B,V]
         out, acc = verify(chain, logits, q, rows, u)
         for j in range(B):
@@ -115,6 +129,9 @@ def run_domino(target: TinyTarget, head: HeadParams, rows: SamplingRows, verify,
             hist[ar[keep], length[keep] + j] = out[keep, j]
         length = length + acc
     return hist[:, len(PROMPT):len(PROMPT) + tokens]
+
+
+run_domino.looked = 0  # rows drafted by lookup so far (the lookup tests' power check)
 
 
 def chi_square(samples: torch.Tensor, joint: torch.Tensor) -> tuple[float, float, int]:
@@ -184,6 +201,27 @@ def test_domino_sampling_matches_target_distribution(case):
     print(f"\n{case}: chi2 {stat:.1f} (critical {crit:.1f} at alpha {ALPHA})")
     assert forbidden == 0  # never a sequence plain sampling cannot produce (top-k/top-p/min-p)
     assert stat < crit
+
+
+@pytest.mark.parametrize("case", ["temperature", "top_k_top_p_min_p"])
+def test_lookup_drafts_keep_sampling_exact(case):
+    """Copied drafts (prompt lookup) beside the head's, per row: with q = one-hot on the copy
+    the committed tokens still follow the target's joint distribution; verified against the
+    drafter's q instead (a plausible slip: the copy replaces the draft, q stays), they do not.
+    Power: about a third of the rows copy in some round."""
+    target, head = TinyTarget(), make_head(0)
+    rows = make_rows(N, **CASES[case])
+    joint = target.joint3(rows)
+    run_domino.looked = 0
+    stat, crit, forbidden = chi_square(run_domino(target, head, rows, verify_mixed,
+                                                  lookup="one-hot"), joint)
+    print(f"\n{case}: chi2 {stat:.1f} (critical {crit:.1f}), {run_domino.looked} copied rows")
+    assert forbidden == 0 and stat < crit
+    assert run_domino.looked > N // 5
+    stat, crit, forbidden = chi_square(run_domino(target, head, rows, verify_mixed,
+                                                  lookup="drafter-q"), joint)
+    print(f"{case} drafter-q: chi2 {stat:.1f} (critical {crit:.1f})")
+    assert stat > crit or forbidden > 0
 
 
 def test_candidate_pool_keeps_sampling_exact():

@@ -2,7 +2,8 @@
 the worker drafts exactly what the drafter computes.
 
 A regression guard, not a timing: tau on 5 fixed prompts (greedy, float32 so the output must equal
-plain decoding token for token, fixed block: DOMINO_ADAPTIVE=0) must stay above TAU_FLOOR.
+plain decoding token for token, fixed block: DOMINO_ADAPTIVE=0, the drafter's own drafts only:
+DOMINO_LOOKUP=0) must stay above TAU_FLOOR.
 Measured with the fixed block: tau 1.294 (264 tokens / 204 rounds) for the stage-7 drafter
 (2026-11-26), 1.275 (207 rounds) for stage 5 (2026-11-25); 1.222 (216 rounds) for stage 3, 1.234
 for stage 2, 1.179 for stage 1 (2026-11-23: on these 5 chat prompts the stages are within a few
@@ -51,7 +52,7 @@ def test_shipped_drafter_is_lossless_and_keeps_its_tau(reference, chat_ids):
     prompts = chat_ids[:5]
     # no --drafter: `domino-sglang serve` picks the shipped one
     with start_server("shipped", ["--dtype", "float32", "--max-total-tokens", "16384"],
-                      env={"DOMINO_ADAPTIVE": "0"}) as server:
+                      env={"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}) as server:
         assert "--speculative-algorithm DOMINO" in " ".join(server.args) or \
             "DOMINO" in server.log()
         with ThreadPoolExecutor(5) as pool:

@@ -1,0 +1,64 @@
+"""Prompt lookup (lookup.py): the vectorised match equals a direct scan, on random histories."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from domino_sglang.lookup import lookup_draft, lookup_from_env
+
+
+def scan(history: list[int], max_tokens: int, min_match: int = 2, max_match: int = 12
+         ) -> list[int]:
+    """The definition, directly: the longest suffix n (max_match..min_match) that occurred
+    earlier with at least one token after it; the continuation of its latest occurrence
+    followed by max_tokens tokens, else of its first."""
+    T = len(history)
+    for n in range(min(max_match, T - 1), min_match - 1, -1):
+        starts = [s for s in range(T - n) if history[s:s + n] == history[T - n:]]
+        if starts:
+            full = [s for s in starts if s + n + max_tokens <= T]
+            start = full[-1] if full else starts[0]
+            return history[start + n:start + n + max_tokens]
+    return []
+
+
+def test_lookup_equals_a_direct_scan():
+    rng = random.Random(0)
+    found = 0
+    for _ in range(2000):
+        vocab, T = rng.randint(2, 6), rng.randint(1, 50)
+        history = [rng.randrange(vocab) for _ in range(T)]
+        max_tokens, min_match = rng.randint(1, 15), rng.randint(1, 3)
+        got = lookup_draft(torch.tensor(history), max_tokens, min_match=min_match).tolist()
+        assert got == scan(history, max_tokens, min_match), (history, max_tokens, min_match)
+        found += bool(got)
+    assert 500 < found < 2000  # both outcomes are exercised
+
+
+def test_lookup_on_a_repetition():
+    # "a b c d a b c" -> the suffix "a b c" recurs at 0: copy what followed it ("d a b c")
+    assert lookup_draft(torch.tensor([1, 2, 3, 4, 1, 2, 3]), 4).tolist() == [4, 1, 2, 3]
+    # the longest match wins over a more recent shorter one; ties go to the most recent
+    assert lookup_draft(torch.tensor([7, 1, 2, 9, 5, 1, 2, 8, 7, 1, 2]), 1).tolist() == [9]
+    assert lookup_draft(torch.tensor([1, 2, 9, 1, 2, 8, 1, 2]), 1).tolist() == [8]
+    # ... followed by max_tokens tokens: else the first (a run copies the longest stretch)
+    assert lookup_draft(torch.tensor([1, 2, 9, 1, 2, 8, 1, 2]), 4).tolist() == [9, 1, 2, 8]
+    # inside a run longer than max_match: 8 more, not the 1 after the latest occurrence
+    assert lookup_draft(torch.tensor([3] + [4] * 20), 8).tolist() == [4] * 8
+    # no suffix of two tokens recurs; too short a history; nothing asked for
+    assert lookup_draft(torch.tensor([1, 2, 3, 1, 4]), 4).tolist() == []
+    assert lookup_draft(torch.tensor([5]), 4).tolist() == []
+    assert lookup_draft(torch.tensor([1, 1, 1, 1]), 0).tolist() == []
+
+
+def test_lookup_switch(monkeypatch):
+    monkeypatch.delenv("DOMINO_LOOKUP", raising=False)
+    assert lookup_from_env()
+    monkeypatch.setenv("DOMINO_LOOKUP", "0")
+    assert not lookup_from_env()
+    monkeypatch.setenv("DOMINO_LOOKUP", "yes")
+    with pytest.raises(ValueError, match="DOMINO_LOOKUP must be 0 or 1"):
+        lookup_from_env()
