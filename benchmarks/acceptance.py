@@ -1,4 +1,4 @@
-"""Acceptance length (tau) and decode speed per dataset: AR, NGRAM, DOMINO backbone-only, DOMINO.
+"""Acceptance length (tau) and decode speed per dataset: AR, NGRAM, DOMINO (backbone, +lookup).
 
 Every method is served in turn by `domino-sglang serve` on loopback (same target, dtype, threads),
 and answers the same prompts: MT-Bench (80, first turn), HumanEval (164), GSM8K (first 200 of the
@@ -14,8 +14,10 @@ takes the first N of each set (this CPU decodes ~7 tok/s). Per dataset and metho
     decode tok/s   completion tokens / time after the first token, over the whole set (c = 1)
 
 "DOMINO backbone-only" is the same checkpoint with the head switched off (DOMINO_HEAD=0): the
-DFlash baseline. Both verify the full block every round (DOMINO_ADAPTIVE=0); "DOMINO adaptive" is
-the default server, whose policy may verify fewer tokens, down to plain decoding rounds.
+DFlash baseline. Both verify the full block every round (DOMINO_ADAPTIVE=0) drafted by the drafter
+alone (DOMINO_LOOKUP=0). "DOMINO + lookup" adds prompt lookup (lookup.py: a request whose last
+tokens recur in its own history verifies the copy instead); "DOMINO adaptive" is the default
+server (lookup on), whose policy may verify fewer tokens, down to plain decoding rounds.
 Each server first answers one warm-up prompt (not in any set) of `--max-tokens` tokens, unmeasured.
 Output: benchmarks/results/<out>.json, .md (with command, machine, revision,
 date) and .png (tau by dataset and method; acceptance by position).
@@ -48,11 +50,17 @@ METHODS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     "ar": ("AR", ["--no-speculation"], {}),
     "ngram": ("NGRAM", ["--no-speculation", "--", "--speculative-algorithm", "NGRAM",
                         "--speculative-num-draft-tokens", "{block}"], {}),
-    # acceptance is a property of the drafter: the full block is verified every round
+    # acceptance is a property of the drafter: the full block is verified every round, drafted
+    # by the drafter alone (no prompt lookup)
     "backbone": ("DOMINO head off", ["--drafter", "{drafter}"],
-                 {"DOMINO_HEAD": "0", "DOMINO_ADAPTIVE": "0"}),
-    "domino": ("DOMINO", ["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "0"}),
-    # as served by default: policy.py may verify fewer tokens (down to plain decoding)
+                 {"DOMINO_HEAD": "0", "DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}),
+    "domino": ("DOMINO", ["--drafter", "{drafter}"],
+               {"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}),
+    # the full block, copied from the request's own history where its last tokens recur
+    # (lookup.py; then no draft pass and L = 1 + the copy)
+    "lookup": ("DOMINO + lookup", ["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "0"}),
+    # as served by default: lookup, and policy.py may verify fewer tokens (down to plain
+    # decoding)
     "adaptive": ("DOMINO adaptive", ["--drafter", "{drafter}"], {}),
 }
 

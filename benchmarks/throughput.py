@@ -41,6 +41,9 @@ METHODS: dict[str, tuple[list[str], dict[str, str]]] = {
     "ar-sync": (["--no-speculation", "--", "--disable-overlap-schedule"], {}),
     "domino-fixed": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "0"}),
     "domino-adaptive": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1"}),
+    # the adaptive policy without prompt lookup (lookup.py): Domino's drafts only
+    "domino-adaptive-nolookup": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1",
+                                                              "DOMINO_LOOKUP": "0"}),
     # the adaptive policy on its cost profile as measured, without calibration from round times
     "domino-adaptive-uncal": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1",
                                                            "DOMINO_CALIBRATE": "0"}),

@@ -21,6 +21,7 @@ import torch
 from scipy.stats import chi2
 from torch import nn
 
+from domino_sglang.lookup import lookup_draft
 from domino_sglang.rollout import HeadParams, greedy_rollout
 from domino_sglang.sampling import (
     RoundUniforms,
@@ -30,7 +31,6 @@ from domino_sglang.sampling import (
     sampled_rollout,
     seeded_uniform,
 )
-from domino_sglang.lookup import lookup_draft
 from domino_sglang.verify import one_hot_proposal, verify_mixed, verify_sampled
 
 H, G, E, V, B = 8, 6, 5, 5, 4
