@@ -231,13 +231,16 @@ class DominoWorker(BaseSpecWorker):
 
           1. draft:   z = backbone([x_t, MASK x (W-1)] | context K/V)        one pass, all blocks
                       (W = B; W = L for a drafter trained on short blocks, see propose)
+                      a request whose last n >= 2 tokens recur in its own history drafts
+                      d_1.. = what followed them there instead (lookup.py); no pass if all do
           2. refine:  d_1 = argmax base_0; d_{i+1} = argmax(base_i + head(z_i, GRU(x_t, d_1..d_i)))
                       (sampled batches: d_{i+1} ~ q_i, the same logits after the request's
                       sampling transform; the GRU consumes the sampled token)
           3. verify:  logits of p(. | prefix, x_t, d_1..d_{B-1}), one target pass, then the
                       request's penalties / logit bias / grammar mask
           4. accept:  greedy: a = longest k with d_1..d_k == y_0..y_{k-1}; commit y_0..y_a
-                      sampled: exact rejection sampling (verify.py); either way a + 1 tokens
+                      sampled: exact rejection sampling (verify.py; copied drafts with a
+                      one-hot q); either way a + 1 tokens
           5. commit:  seq_len += a + 1; the target features of the committed tokens enter the
                       draft KV cache, so the next block sees them as context (a plain round's
                       are held and written in one batch before the next draft pass)
@@ -343,11 +346,11 @@ class DominoWorker(BaseSpecWorker):
             if looked is not None:
                 self.metrics.record_lookup(looked, accept_lens)
         if self.policy.enabled and draft_pass:  # alpha is the Domino drafts': capped rows
-            voters = None if capped is None else ~capped  # gain nothing from L, copied rows
-            if looked is not None:  # are another drafter's
-                voters = ~looked if voters is None else voters & ~looked
-            self.policy.observe((uncapped if voters is None else uncapped[voters]).tolist(),
-                                block)
+            voters = torch.ones_like(uncapped, dtype=torch.bool)  # gain nothing from L, copied
+            for other in (capped, looked):  # rows are another drafter's
+                if other is not None:
+                    voters &= ~other
+            self.policy.observe(uncapped[voters].tolist(), block)
         # the cost profile prices rounds with a draft pass (or plain ones): others are not timed
         self._last_round = (bs, block, started) if draft_pass else None
         return GenerationBatchResult(
