@@ -79,6 +79,17 @@ decoding server learns k from its probes; a speculating one runs a plain round (
 round) when its batch size has too few or no fresh plain times, at most one every CAL_MIN_GAP
 rounds. DOMINO_CALIBRATE=0 keeps k = 1 (the profile as measured).
 
+Prompt lookup (lookup.py): a round in which every request has a copied draft runs no draft
+pass, so its cost is cost(bs, L) - DRAFT, and its acceptance is the copies', not the drafter's:
+a second estimate `lookup_stats` (same MLE, learned from copied rows only) and
+`lookup_len(bs, longest)` = the longest L in 2..1 + longest whose E(L) / (cost(bs, L) - DRAFT)
+beats plain decoding by MARGIN (1 if none: decode plainly instead). The longest, not the best
+rate: copies are right in runs (a copied line of code is kept whole or lost at its first token;
+on the evaluation answers 16 of 256 copied HumanEval rounds kept all 15 tokens), so their
+acceptance is not geometric, and the geometric E(L) undervalues long chains. It is asked
+whether the drafter's policy chose L > 1 or plain decoding (a copy can pay where the drafter
+does not), but not on a calibration round.
+
 Switches: env DOMINO_ADAPTIVE=0 verifies the full block every round (fixed block);
 DOMINO_DRAFT_LEN=L pins L (measurement); DOMINO_DRAFT_LEN=L0,L1,.. cycles a pattern by the
 committed length n of the batch's first request (L = pattern[n mod len]): a deterministic mix of
@@ -281,6 +292,8 @@ class SpeculationPolicy:
         self._plain_rounds = 0
         self._rounds = 0
         self._calibrated_at = -CAL_MIN_GAP  # round of the last calibration round
+        self.lookup_stats = AcceptanceStats()  # the copied drafts' alpha (lookup.py)
+        self.calibrating = False  # the last draft_len was a calibration round (must stay plain)
 
     @classmethod
     def from_env(cls, block: int, cost: CostModel = DEFAULT_COST) -> SpeculationPolicy:
@@ -314,6 +327,7 @@ class SpeculationPolicy:
         if not self.enabled:
             return self.block
         self._rounds += 1
+        self.calibrating = False
         cost = self.effective_cost
         chosen = choose_draft_len(bs, self.stats.alpha, self.block, cost=cost)
         if chosen > 1:
@@ -321,6 +335,7 @@ class SpeculationPolicy:
             if (self.calibration is not None and self.calibration.needs_plain(bs)
                     and self._rounds - self._calibrated_at >= CAL_MIN_GAP):
                 self._calibrated_at = self._rounds
+                self.calibrating = True
                 return 1  # calibration round: time a plain round at this batch size
             return chosen
         self._plain_rounds += 1
@@ -329,6 +344,31 @@ class SpeculationPolicy:
             self._plain_rounds = 0
             return min(PROBE_LEN, self.block)  # probe: measure the drafter again, cheaply
         return 1
+
+    def may_copy_instead(self) -> bool:
+        """Whether a round the policy made plain may still verify copied drafts: it chose plain
+        decoding for the drafter's sake (not a calibration round, not a pinned L)."""
+        return self.enabled and self.pinned is None and not self.calibrating
+
+    def lookup_len(self, bs: int, longest: int) -> int:
+        """L for a round whose every request verifies a copied draft (at most `longest` copied
+        tokens): no draft pass, the copies' alpha (module docstring, "Prompt lookup"); the
+        whole copy with the policy off."""
+        if not self.enabled:
+            return 1 + longest
+        cost = self.effective_cost
+        no_draft = CostModel(0.0, cost.slope_0, cost.slope_per_req)
+        alpha = self.lookup_stats.alpha
+        for draft_len in range(1 + longest, 1, -1):  # the longest chain that still pays
+            if expected_tokens(alpha, draft_len) / no_draft(bs, draft_len) > 1.0 + MARGIN:
+                return draft_len
+        return 1
+
+    def observe_lookup(self, accept_lens: list[int], draft_len: int) -> None:
+        """accept_lens: a + 1 per copied request of a round that verified draft_len tokens."""
+        if draft_len > 1 and self.enabled and accept_lens:
+            self.lookup_stats.update(sum(a1 - 1 for a1 in accept_lens),
+                                     sum(min(a1, draft_len - 1) for a1 in accept_lens))
 
     @property
     def effective_cost(self) -> CostModel:

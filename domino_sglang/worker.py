@@ -269,18 +269,23 @@ class DominoWorker(BaseSpecWorker):
             block = 1
         else:
             block = self.policy.draft_len(bs, committed)
-        self.record_fallbacks(bs, block, capped)
         clock = self.metrics.clock()
         # Prompt lookup (lookup.py): rows whose last tokens recur in their own history draft by
-        # copying. A draft pass runs only if some row is neither copied nor capped; without one
-        # L = 1 + the longest copy (a seeded sampled batch keeps the full block, as above).
+        # copying. A round where every row copies (or is capped) runs no draft pass, and the
+        # policy sizes it for copies (policy.lookup_len; a seeded batch keeps the full block);
+        # one that mixes copies with the drafter's rows drafts at the drafter's L, if any.
         looked = None  # [bs] bool: rows drafted by copying
-        if self.lookup and block > 1:
+        if self.lookup and (block > 1 or self.policy.may_copy_instead()) and not (
+                capped is not None and bool(capped.all())):
             looked, copies, longest = self.lookup_drafts(batch, draft_input.bonus_tokens, capped)
-        draft_pass = looked is None or bool((~looked if capped is None
-                                             else ~looked & ~capped).any())
-        if not draft_pass and not pinned and self.policy.pinned is None:
-            block = 1 + longest
+        copy_only = looked is not None and not bool((~looked if capped is None
+                                                     else ~looked & ~capped).any())
+        if copy_only and not pinned and self.policy.pinned is None:
+            block = self.policy.lookup_len(bs, longest)
+        if looked is not None and block == 1:  # plain decoding after all
+            looked, copy_only = None, False
+        draft_pass = not copy_only
+        self.record_fallbacks(bs, block, capped)
         self.context.before_round(tuple(r.rid for r in batch.reqs), speculative=block > 1)
         prefix_lens = batch.seq_lens  # committed tokens (x_t, the bonus, is not among them)
         chain = torch.full((bs, self.block_size), self.conf.mask_token_id, dtype=torch.int64,
@@ -345,12 +350,13 @@ class DominoWorker(BaseSpecWorker):
             self.metrics.record_round(accept_lens, block, clock, outcomes)
             if looked is not None:
                 self.metrics.record_lookup(looked, accept_lens)
-        if self.policy.enabled and draft_pass:  # alpha is the Domino drafts': capped rows
-            voters = torch.ones_like(uncapped, dtype=torch.bool)  # gain nothing from L, copied
-            for other in (capped, looked):  # rows are another drafter's
-                if other is not None:
-                    voters &= ~other
-            self.policy.observe(uncapped[voters].tolist(), block)
+        if self.policy.enabled:  # capped rows gain nothing from L: they do not vote
+            voters = torch.ones_like(uncapped, dtype=torch.bool) if capped is None else ~capped
+            if looked is not None:  # copies and drafts have an alpha each
+                self.policy.observe_lookup(uncapped[looked].tolist(), block)
+                voters &= ~looked
+            if draft_pass:
+                self.policy.observe(uncapped[voters].tolist(), block)
         # the cost profile prices rounds with a draft pass (or plain ones): others are not timed
         self._last_round = (bs, block, started) if draft_pass else None
         return GenerationBatchResult(
