@@ -281,7 +281,11 @@ class DominoWorker(BaseSpecWorker):
         copy_only = looked is not None and not bool((~looked if capped is None
                                                      else ~looked & ~capped).any())
         if copy_only and not pinned and self.policy.pinned is None:
-            block = self.policy.lookup_len(bs, longest)
+            copy_len = self.policy.lookup_len(bs, longest)
+            if copy_len > 1:
+                block = copy_len
+            else:  # copies do not pay: the round the policy chose (the drafter's, or plain)
+                looked, copy_only = None, False
         if looked is not None and block == 1:  # plain decoding after all
             looked, copy_only = None, False
         draft_pass = not copy_only
