@@ -89,7 +89,8 @@ def test_plain_rounds_feed_the_draft_context(reference, chat_ids):
     lossless but changes the rounds, and this test fails."""
     prompts = chat_ids[:3]
     with start_server("shipped-plain", ["--dtype", "float32", "--max-total-tokens", "16384"],
-                      env={"DOMINO_DRAFT_LEN": ",".join(map(str, PATTERN))}) as server:
+                      env={"DOMINO_DRAFT_LEN": ",".join(map(str, PATTERN)),
+                           "DOMINO_LOOKUP": "0"}) as server:  # the replay is the drafter's
         outs = [_generate(server.url, ids) for ids in prompts]
     assert [out["output_ids"] for out in outs] == reference[:3]
     served = [out["meta_info"]["spec_verify_ct"] for out in outs]
@@ -116,7 +117,7 @@ def test_short_draft_passes_draft_what_the_drafter_computes(reference, chat_ids)
     prompts = chat_ids[:3]
     with start_server("shipped-short", ["--dtype", "float32", "--max-total-tokens", "16384"],
                       env={"DOMINO_DRAFT_LEN": ",".join(map(str, SHORT_PATTERN)),
-                           "DOMINO_SHORT_DRAFT": "1"}) as server:
+                           "DOMINO_SHORT_DRAFT": "1", "DOMINO_LOOKUP": "0"}) as server:
         assert "draft pass L tokens" in server.log()
         outs = [_generate(server.url, ids) for ids in prompts]
         sampled = [_generate(server.url, ids, temperature=0.8) for ids in prompts[:2]]

@@ -5,7 +5,9 @@ drafts or the bonus token), which must never reach the client. 32 concurrent gre
 (short answers that end with EOS, long ones cut by max_tokens, half of them streamed) must equal
 plain decoding token for token. The same drafter proposing '.' does this for stop_token_ids.
 
-Its own small servers (fixed block, float32, B = 4); references from `ar_server_fp32`.
+Its own small servers (fixed block, float32, B = 4, the drafter's own drafts only: the counts
+below assume every accepted draft is the drafter's; copied drafts, lookup.py, are exercised under
+load on the shared reliability server); references from `ar_server_fp32`.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def eos_server(target_path, tmp_path_factory):
     with start_server("domino-eos", ["--dtype", "float32", "--max-total-tokens", "8192"],
                       ["--speculative-algorithm", "DOMINO",
                        "--speculative-draft-model-path", str(drafter)],
-                      env={"DOMINO_ADAPTIVE": "0"}) as server:
+                      env={"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}) as server:
         yield server
 
 
@@ -107,7 +109,7 @@ def period_server(target_path, tokenizer, tmp_path_factory):
     with start_server("domino-period", ["--dtype", "float32", "--max-total-tokens", "8192"],
                       ["--speculative-algorithm", "DOMINO",
                        "--speculative-draft-model-path", str(drafter)],
-                      env={"DOMINO_ADAPTIVE": "0"}) as server:
+                      env={"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}) as server:
         yield server
 
 
