@@ -283,3 +283,21 @@ def candidate_pool_from_env(default: int) -> int:
     if value < 0:
         raise DominoArgsError(f"DOMINO_CANDIDATE_POOL must be >= 0, got {value}")
     return value
+
+
+def draft_temperature_scale_from_env(default: float) -> float:
+    """Draft temperature scale of sampled requests (sampling.py `sampled_rollout`): env
+    DOMINO_DRAFT_TEMPERATURE_SCALE overrides the draft config (measurement; 1 = the request's
+    own temperature)."""
+    raw = os.environ.get("DOMINO_DRAFT_TEMPERATURE_SCALE")
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise DominoArgsError(
+            f"DOMINO_DRAFT_TEMPERATURE_SCALE must be a number, got {raw!r}") from exc
+    if not 0 < value < float("inf"):
+        raise DominoArgsError(
+            f"DOMINO_DRAFT_TEMPERATURE_SCALE must be a finite number > 0, got {value}")
+    return value

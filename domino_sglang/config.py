@@ -7,7 +7,7 @@ Upstream layout (SpecForge / SGLang `DFlashDraftModel`, as released for Qwen3-4B
                   head_dim, intermediate_size, rms_norm_eps, rope_theta, vocab_size), and
                   dflash_config {target_layer_ids, mask_token_id, projector_type: "domino",
                   shift_label: true, pure_draft_prefix_len: 1, gru_hidden_dim, emb_dim; ours,
-                  optional: candidate_pool, short_draft}
+                  optional: candidate_pool, short_draft, draft_temperature_scale}
     *.safetensors fc.weight [H, K*H], hidden_norm.weight [H], layers.N.* (Qwen3 decoder layers,
                   q_norm/k_norm), norm.weight [H], prefix_gru.weight_ih_l0 [3G, H],
                   prefix_gru.weight_hh_l0 [3G, G], embed_proj.0.weight [E, H+G],
@@ -61,6 +61,9 @@ class DraftConfig:
     # trained on short blocks (train `short_blocks`): a round verifying L < B tokens drafts
     # [x_t, MASK x (L-1)] only, not the whole block (worker.py `propose`)
     short_draft: bool = False
+    # sampled requests (T > 0) draw drafts at temperature T * scale (sampling.py): < 1 sharpens
+    # a drafter whose distributions are flatter than the target's (benchmarks/draft_temperature.py)
+    draft_temperature_scale: float = 1.0
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -104,7 +107,7 @@ def _field(cfg: dict, name: str, kind: type, where: str, default: Any = None) ->
         raise DrafterConfigError(f"{where}: missing field '{name}'")
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise DrafterConfigError(f"{where}: field '{name}' must be an integer, got {value!r}")
-    if kind is float and not isinstance(value, (int, float)):
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise DrafterConfigError(f"{where}: field '{name}' must be a number, got {value!r}")
     if kind is bool and not isinstance(value, bool):
         raise DrafterConfigError(f"{where}: field '{name}' must be true/false, got {value!r}")
@@ -187,6 +190,7 @@ def parse_draft_config(cfg: dict, path: str | Path, block_size: int | None = Non
         pure_draft_prefix_len=_field(dcfg, "pure_draft_prefix_len", int, dwhere, 1),
         candidate_pool=_pool_field(dcfg, dwhere),
         short_draft=_field(dcfg, "short_draft", bool, dwhere, False),
+        draft_temperature_scale=_field(dcfg, "draft_temperature_scale", float, dwhere, 1.0),
         raw=cfg,
     )
     if conf.num_heads % conf.num_kv_heads:

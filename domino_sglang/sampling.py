@@ -14,6 +14,12 @@ Terms and shapes (bs requests, block size B, vocabulary V, n = B-1 proposal posi
     q           [bs, n, V] processed draft distributions: q_0 = processed(base_0),
                 q_i = processed(base_i + head correction | GRU over x_t, d_1..d_i)
     d_{i+1}     ~ q_i, drawn by inverse CDF from one uniform; the GRU consumes the SAMPLED token
+    scale       the drafter's draft temperature scale s: q is processed at temperature T * s
+                (top-k / top-p / min-p as the request asks). Verification is exact for any q;
+                s < 1 sharpens a drafter whose distributions are flatter than the target's, which
+                raises the acceptance sum_v min(p, q) (benchmarks/draft_temperature.py; tuning
+                the draft's temperature is an old trick of speculative sampling). Greedy rows are
+                one-hot whatever s.
 
 Randomness is counter-based: every uniform is a hash of (request seed, absolute token position,
 stream), computed on the device in a few integer ops, so a request with `sampling_seed` is
@@ -30,7 +36,7 @@ Depends on torch and `rollout` only (no SGLang import), so it is testable in iso
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -57,6 +63,12 @@ class SamplingRows:
     @property
     def greedy(self) -> torch.Tensor:  # [N] bool
         return self.top_k <= 1
+
+    def tempered(self, scale: float) -> SamplingRows:
+        """The same rows at temperature T * scale (the draft side's q; the target's p keeps T)."""
+        if scale == 1.0:
+            return self
+        return replace(self, temperature=self.temperature * scale)
 
     def repeat(self, n: int) -> SamplingRows:
         """Each row repeated n times (rows of a flattened [N, n, V] tensor)."""
@@ -172,13 +184,15 @@ def spread(qd: torch.Tensor, head: HeadParams) -> torch.Tensor:
 @torch.no_grad()
 def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows: SamplingRows,
                     u_draft: torch.Tensor, candidate_pool: int = 0, use_head: bool = True,
-                    logit_bias: torch.Tensor | None = None
+                    logit_bias: torch.Tensor | None = None, temperature_scale: float = 1.0
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sampled chain: drafts [bs, n] and the distributions they were drawn from, q [bs, n, V].
 
     z [bs, B, H], bonus [bs] (x_t), u_draft [bs, n], logit_bias [bs, V] (the request's, added
     to every draft logit as the target gets it). With a candidate pool, q is zero outside it.
+    temperature_scale: q at temperature T * scale (module docstring).
     """
+    rows = rows.tempered(temperature_scale)
     base = base_logits(z, head)  # [bs, n, V] fp32 ([bs, n, Vd] over a draft vocabulary)
     if logit_bias is not None:
         bias = logit_bias if head.vocab is None else logit_bias[:, head.vocab]

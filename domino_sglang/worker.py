@@ -43,7 +43,7 @@ from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_m
 from sglang.srt.utils.async_probe import sanitize_nan_logits
 from sglang.srt.utils.common import get_bool_env_var
 
-from domino_sglang.algorithm import candidate_pool_from_env
+from domino_sglang.algorithm import candidate_pool_from_env, draft_temperature_scale_from_env
 from domino_sglang.config import (
     ARCHITECTURE,
     check_against_target,
@@ -97,6 +97,9 @@ class DominoWorker(BaseSpecWorker):
         self.use_head = os.environ.get("DOMINO_HEAD", "1") != "0"
         self.short_draft = short_draft_from_env(conf.short_draft)  # see propose
         self.lookup = lookup_from_env()  # DOMINO_LOOKUP=0: Domino drafts only (lookup.py)
+        # sampled requests draft at temperature T * scale (sampling.py)
+        self.draft_temperature_scale = draft_temperature_scale_from_env(
+            conf.draft_temperature_scale)
 
         # The draft config names SGLang's DFlashDraftModel; in this (scheduler) process, and only
         # when DOMINO was chosen, that architecture resolves to our drafter class.
@@ -388,7 +391,8 @@ class DominoWorker(BaseSpecWorker):
         if rows is not None:
             chain[:, 1:block], q = sampled_rollout(
                 z, chain[:, 0], self.head, rows, u.draft, self.candidate_pool,
-                use_head=self.use_head, logit_bias=batch.sampling_info.logit_bias)
+                use_head=self.use_head, logit_bias=batch.sampling_info.logit_bias,
+                temperature_scale=self.draft_temperature_scale)
             return q
         chain[:, 1:block], base_pick = greedy_rollout(
             z, chain[:, 0], self.head, self.candidate_pool, use_head=self.use_head,

@@ -118,3 +118,25 @@ def test_short_draft_env_error_names_the_variable(monkeypatch):
     monkeypatch.setenv("DOMINO_SHORT_DRAFT", "yes")
     with pytest.raises(ValueError, match="DOMINO_SHORT_DRAFT must be 0 or 1, got 'yes'"):
         short_draft_from_env(False)
+
+
+@pytest.mark.parametrize("env,expected", [(None, 0.7), ("1", 1.0), ("0.5", 0.5)])
+def test_draft_temperature_scale_follows_the_drafter_unless_set(monkeypatch, env, expected):
+    from domino_sglang.algorithm import draft_temperature_scale_from_env
+
+    if env is None:
+        monkeypatch.delenv("DOMINO_DRAFT_TEMPERATURE_SCALE", raising=False)
+    else:
+        monkeypatch.setenv("DOMINO_DRAFT_TEMPERATURE_SCALE", env)
+    assert draft_temperature_scale_from_env(0.7) == expected
+
+
+@pytest.mark.parametrize("raw,message", [("warm", "must be a number, got 'warm'"),
+                                         ("0", "must be a finite number > 0, got 0.0"),
+                                         ("nan", "must be a finite number > 0, got nan")])
+def test_draft_temperature_scale_env_error_names_the_variable(monkeypatch, raw, message):
+    from domino_sglang.algorithm import draft_temperature_scale_from_env
+
+    monkeypatch.setenv("DOMINO_DRAFT_TEMPERATURE_SCALE", raw)
+    with pytest.raises(DominoArgsError, match=f"DOMINO_DRAFT_TEMPERATURE_SCALE {message}"):
+        draft_temperature_scale_from_env(1.0)

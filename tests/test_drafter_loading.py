@@ -74,6 +74,10 @@ def test_upstream_layout_loads_and_runs(tmp_path):
     assert conf.candidate_pool == 2048  # upstream's default when the config does not say
     full = write(tmp_path / "full", mutate(UPSTREAM_LIKE, "dflash_config.candidate_pool", 0))
     assert load_draft_config(full).candidate_pool == 0  # 0 = full vocabulary, kept
+    assert conf.draft_temperature_scale == 1.0  # sampled drafts at the request's temperature
+    sharp = write(tmp_path / "sharp",
+                  mutate(UPSTREAM_LIKE, "dflash_config.draft_temperature_scale", 0.7))
+    assert load_draft_config(sharp).draft_temperature_scale == 0.7
     ctx_kv = model.context_kv(torch.randn(5, 3 * 32), torch.arange(5))
     assert len(ctx_kv) == 2 and ctx_kv[0][0].shape == (5, 2, 8)
 
@@ -121,6 +125,12 @@ def mutate(cfg: dict, dotted: str, value) -> dict:
     ("dflash_config.candidate_pool", -1, "field 'candidate_pool' must be an integer >= 0"),
     ("dflash_config.candidate_pool", "2048", "field 'candidate_pool' must be an integer >= 0"),
     ("dflash_config.short_draft", "yes", "field 'short_draft' must be true/false"),
+    ("dflash_config.draft_temperature_scale", 0,
+     "field 'draft_temperature_scale' must be positive"),
+    ("dflash_config.draft_temperature_scale", "0.7",
+     "field 'draft_temperature_scale' must be a number"),
+    ("dflash_config.draft_temperature_scale", True,
+     "field 'draft_temperature_scale' must be a number"),
 ])
 def test_malformed_config_is_rejected_naming_the_field(tmp_path, dotted, value, message):
     write(tmp_path / "ok", UPSTREAM_LIKE)

@@ -93,9 +93,11 @@ class TinyTarget:
 
 
 def run_domino(target: TinyTarget, head: HeadParams, rows: SamplingRows, verify,
-               tokens: int = 3, pool: int = 0, lookup: str | None = None) -> torch.Tensor:
+               tokens: int = 3, pool: int = 0, lookup: str | None = None, scale: float = 1.0
+               ) -> torch.Tensor:
     """Rounds of draft -> verify -> commit for every row until `tokens` are generated.
 
+    scale: the draft temperature scale (q at temperature T * scale).
     lookup: rows whose history has a prompt-lookup draft (lookup.py, here from one matching
     token, so that most rounds have one) verify the copy, as the worker does: "one-hot" with
     q = one-hot (the worker's), "drafter-q" with the drafter's q left in place (BROKEN).
@@ -110,7 +112,8 @@ def run_domino(target: TinyTarget, head: HeadParams, rows: SamplingRows, verify,
     while int(length.min()) < len(PROMPT) + tokens:
         x_t, prev = hist[ar, length - 1], hist[ar, length - 2]
         u = RoundUniforms.for_round(rows.seed, length - 1, B)  # x_t at position length - 1
-        drafts, q = sampled_rollout(z, x_t, head, rows, u.draft, candidate_pool=pool)
+        drafts, q = sampled_rollout(z, x_t, head, rows, u.draft, candidate_pool=pool,
+                                    temperature_scale=scale)
         chain = torch.cat((x_t[:, None], drafts), dim=1)  # [n, B]
         if lookup is not None:
             looked = torch.zeros(n, dtype=torch.bool)
@@ -222,6 +225,37 @@ def test_lookup_drafts_keep_sampling_exact(case):
                                                   lookup="drafter-q"), joint)
     print(f"{case} drafter-q: chi2 {stat:.1f} (critical {crit:.1f})")
     assert stat > crit or forbidden > 0
+
+
+@pytest.mark.parametrize("scale", [0.5, 2.0])
+@pytest.mark.parametrize("case", ["temperature", "top_k_top_p_min_p"])
+def test_draft_temperature_scale_keeps_sampling_exact(case, scale):
+    """Drafts drawn at temperature T * scale (the served drafter's `draft_temperature_scale`)
+    are still verified against the target at T: the committed tokens follow its distribution."""
+    target, head = TinyTarget(), make_head(0)
+    rows = make_rows(N, **CASES[case])
+    samples = run_domino(target, head, rows, verify_mixed, scale=scale)
+    stat, crit, forbidden = chi_square(samples, target.joint3(rows))
+    print(f"\n{case} scale {scale}: chi2 {stat:.1f} (critical {crit:.1f})")
+    assert forbidden == 0 and stat < crit
+
+
+def test_draft_temperature_scale_sharpens_q_only():
+    """scale < 1 sharpens the draft distributions (a larger top probability at every position),
+    greedy rows stay one-hot at the same tokens, and the rows given are not changed."""
+    head = make_head(0)
+    rows = make_rows(6, temperature=1.0)
+    rows.top_k[:2] = 1  # two greedy rows, flagged as SGLang flags them
+    rows.has_greedy = rows.need_sort = True
+    temperature = rows.temperature.clone()
+    z = torch.randn(6, B, H, generator=torch.Generator().manual_seed(5))
+    bonus = torch.full((6,), PROMPT[1])
+    u = RoundUniforms.for_round(rows.seed, torch.ones(6, dtype=torch.int64), B)
+    d1, q1 = sampled_rollout(z, bonus, head, rows, u.draft)
+    d2, q2 = sampled_rollout(z, bonus, head, rows, u.draft, temperature_scale=0.5)
+    assert torch.equal(rows.temperature, temperature)
+    assert torch.equal(d1[:2], d2[:2]) and torch.equal(q1[:2], q2[:2])
+    assert bool((q2[2:, 0].amax(-1) > q1[2:, 0].amax(-1)).all())
 
 
 def test_candidate_pool_keeps_sampling_exact():
