@@ -44,6 +44,9 @@ METHODS: dict[str, tuple[list[str], dict[str, str]]] = {
     # the adaptive policy without prompt lookup (lookup.py): Domino's drafts only
     "domino-adaptive-nolookup": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1",
                                                               "DOMINO_LOOKUP": "0"}),
+    # sampled drafts at the request's own temperature (draft_temperature_scale 1, sampling.py)
+    "domino-adaptive-s1": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1",
+                                                        "DOMINO_DRAFT_TEMPERATURE_SCALE": "1"}),
     # the adaptive policy on its cost profile as measured, without calibration from round times
     "domino-adaptive-uncal": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1",
                                                            "DOMINO_CALIBRATE": "0"}),
