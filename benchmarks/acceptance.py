@@ -56,6 +56,11 @@ METHODS: dict[str, tuple[str, list[str], dict[str, str]]] = {
                  {"DOMINO_HEAD": "0", "DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}),
     "domino": ("DOMINO", ["--drafter", "{drafter}"],
                {"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}),
+    # the same, sampled drafts at the request's own temperature (draft_temperature_scale 1;
+    # the shipped drafter samples at 0.6 T): differs from "domino" at --temperature > 0 only
+    "domino-s1": ("DOMINO at T", ["--drafter", "{drafter}"],
+                  {"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0",
+                   "DOMINO_DRAFT_TEMPERATURE_SCALE": "1"}),
     # the full block, copied from the request's own history where its last tokens recur
     # (lookup.py; then no draft pass and L = 1 + the copy)
     "lookup": ("DOMINO + lookup", ["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "0"}),
@@ -71,10 +76,11 @@ METHODS: dict[str, tuple[str, list[str], dict[str, str]]] = {
 WARMUP_PROMPT = "Explain how a hash table works, with a short Python example."
 
 
-def chat(url: str, prompt: str, max_tokens: int) -> tuple[int, float, float]:
-    """Stream one greedy chat completion: (completion tokens, TTFT s, total s)."""
+def chat(url: str, prompt: str, max_tokens: int, temperature: float = 0.0
+         ) -> tuple[int, float, float]:
+    """Stream one chat completion (greedy by default): (completion tokens, TTFT s, total s)."""
     body = {"model": "default", "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "max_tokens": max_tokens, "temperature": temperature, "stream": True,
             "stream_options": {"include_usage": True}}
     start, first, tokens = time.perf_counter(), None, 0
     with requests.post(f"{url}/v1/chat/completions", json=body, stream=True, timeout=1800) as r:
@@ -101,11 +107,12 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
-def run_dataset(url: str, prompts: list[str], max_tokens: int) -> dict:
+def run_dataset(url: str, prompts: list[str], max_tokens: int, temperature: float = 0.0
+                ) -> dict:
     before = scrape(url)
     tokens = decode_s = 0.0
     for p in prompts:
-        n, ttft, total = chat(url, p, max_tokens)
+        n, ttft, total = chat(url, p, max_tokens, temperature)
         tokens += n
         decode_s += total - ttft
     after = scrape(url)
@@ -157,10 +164,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default=default_cpu_dtype(),
                     help="server dtype (default: the CPU server's, cpu/dtype.py)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sampling temperature of every request (default 0: greedy)")
     ap.add_argument("--out", default="acceptance")
     args = ap.parse_args()
-    if args.limit < 0 or args.max_tokens < 1:
-        ap.error("--limit must be >= 0 and --max-tokens >= 1")
+    if args.limit < 0 or args.max_tokens < 1 or args.temperature < 0:
+        ap.error("--limit must be >= 0, --max-tokens >= 1 and --temperature >= 0")
 
     from domino_sglang.paths import shipped_drafter_dir
 
@@ -179,19 +188,21 @@ def main() -> None:
             print(f"{m}: server failed to start: {str(exc)[:300]}", flush=True)
             continue
         with server:
-            chat(server.url, WARMUP_PROMPT, args.max_tokens)  # warm-up, not measured
+            chat(server.url, WARMUP_PROMPT, args.max_tokens, args.temperature)  # warm-up
             results[m] = {}
             for s, ps in prompts.items():
-                results[m][s] = run_dataset(server.url, ps, args.max_tokens)
+                results[m][s] = run_dataset(server.url, ps, args.max_tokens, args.temperature)
                 print(json.dumps({"method": m, "dataset": s, **results[m][s]}), flush=True)
     args.methods = [m for m in args.methods if m in results]
 
     RESULTS.mkdir(exist_ok=True)
     out = {"provenance": prov, "max_tokens": args.max_tokens, "limit": args.limit,
+           "temperature": args.temperature,
            "drafter": drafter, "dtype": args.dtype, "results": results}
     (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=2) + "\n")
     ar = results.get("ar", {})
-    lines = [f"## Acceptance ({args.max_tokens} new tokens, greedy, {args.dtype}, concurrency 1, "
+    mode = f"temperature {args.temperature}" if args.temperature > 0 else "greedy"
+    lines = [f"## Acceptance ({args.max_tokens} new tokens, {mode}, {args.dtype}, concurrency 1, "
              f"{'first ' + str(args.limit) if args.limit else 'all'} prompts per set)", "",
              provenance.markdown_header(prov), f"- drafter: `{drafter}`", "",
              "| dataset | method | tau | decode tok/s | vs AR | accepted at positions 1..4 |",

@@ -142,7 +142,7 @@ class DominoWorker(BaseSpecWorker):
         self.policy = SpeculationPolicy.from_env(self.block_size, cost)  # DOMINO_ADAPTIVE=0: fixed
         self._plain_decode: bool | None = None  # see plain_decode_forward
         # (bs, L, start) of the last decode round, timed at the next one's start (calibration)
-        self._last_round: tuple[int, int, float] | None = None
+        self._last_round: tuple[int, int, float, str] | None = None  # + kind (time_last_round)
         self._logged_scale = (1.0, 0.0)  # (k, time) last logged
         # plain rounds' draft-context writes, batched until a draft pass needs them (context.py)
         self.context = DeferredContext(self.write_draft_context)
@@ -278,8 +278,9 @@ class DominoWorker(BaseSpecWorker):
         # policy sizes it for copies (policy.lookup_len; a seeded batch keeps the full block);
         # one that mixes copies with the drafter's rows drafts at the drafter's L, if any.
         looked = None  # [bs] bool: rows drafted by copying
-        if self.lookup and (block > 1 or self.policy.may_copy_instead()) and not (
-                capped is not None and bool(capped.all())):
+        tried = self.lookup and (block > 1 or self.policy.may_copy_instead()) and not (
+            capped is not None and bool(capped.all()))
+        if tried:
             looked, copies, longest = self.lookup_drafts(batch, draft_input.bonus_tokens, capped)
         copy_only = looked is not None and not bool((~looked if capped is None
                                                      else ~looked & ~capped).any())
@@ -364,8 +365,11 @@ class DominoWorker(BaseSpecWorker):
                 voters &= ~looked
             if draft_pass:
                 self.policy.observe(uncapped[voters].tolist(), block)
-        # the cost profile prices rounds with a draft pass (or plain ones): others are not timed
-        self._last_round = (bs, block, started) if draft_pass else None
+        # the cost profile prices rounds with a draft pass (or plain ones): copy-only rounds are
+        # logged (debug) but not timed
+        kind = ("copy" if not draft_pass else "plain" if block == 1
+                else "draft" if looked is None else "mixed") + ("+lookup" if tried else "")
+        self._last_round = (bs, block, started, kind)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=tokens.reshape(-1),
@@ -428,9 +432,13 @@ class DominoWorker(BaseSpecWorker):
         on any device this wall time is what the round cost, its output processing included."""
         now = time.perf_counter()
         if self._last_round is not None:
-            bs, block, started = self._last_round
-            self.policy.observe_time(bs, block, now - started)
-            self.report_cost_scale(now)
+            bs, block, started, kind = self._last_round
+            if logger.isEnabledFor(logging.DEBUG):  # `-- --log-level debug`
+                logger.debug("DOMINO round %s bs %d L %d %.2f ms", kind, bs, block,
+                             1e3 * (now - started))
+            if not kind.startswith("copy"):
+                self.policy.observe_time(bs, block, now - started)
+                self.report_cost_scale(now)
         return now
 
     def report_cost_scale(self, now: float) -> None:
