@@ -52,7 +52,7 @@ from domino_sglang.config import (
 )
 from domino_sglang.context import DeferredContext
 from domino_sglang.cpu import linear as cpu_linear
-from domino_sglang.lookup import lookup_draft, lookup_from_env
+from domino_sglang.lookup import lookup_batch, lookup_from_env
 from domino_sglang.metrics import DominoMetrics, head_change_outcomes
 from domino_sglang.model import sglang_draft_model_class
 from domino_sglang.policy import SpeculationPolicy, cost_model
@@ -411,20 +411,24 @@ class DominoWorker(BaseSpecWorker):
         none. A request whose recorded output does not end in its bonus token x_t (it would,
         the scheduler runs rounds synchronously) takes none either."""
         n = self.block_size - 1
-        drafts = torch.full((len(batch.reqs), n), self.conf.mask_token_id, dtype=torch.int64)
-        lens = [0] * len(batch.reqs)
         skip = [False] * len(batch.reqs) if capped is None else capped.tolist()
+        rows, histories = [], []
         for i, (req, x_t) in enumerate(zip(batch.reqs, bonus.tolist())):
             history = req.origin_input_ids + req.output_ids
-            if skip[i] or not history or history[-1] != x_t:
-                continue
-            copy = lookup_draft(torch.tensor(history, dtype=torch.int64), n)
-            drafts[i, :len(copy)] = copy
-            lens[i] = len(copy)
-        if not any(lens):
+            if not skip[i] and history and history[-1] == x_t:
+                rows.append(i)
+                histories.append(torch.tensor(history, dtype=torch.int64))
+        if not rows:
             return None, None, 0
-        rows = torch.tensor([m > 0 for m in lens], device=self.device)
-        return rows, drafts.to(self.device), max(lens)
+        copies, lens = lookup_batch(histories, n)  # [m, B-1] (-1 padded), [m]
+        if not bool((lens > 0).any()):
+            return None, None, 0
+        drafts = torch.full((len(batch.reqs), n), self.conf.mask_token_id, dtype=torch.int64)
+        found = torch.zeros(len(batch.reqs), dtype=torch.bool)
+        index = torch.tensor(rows)
+        drafts[index] = torch.where(copies >= 0, copies, self.conf.mask_token_id)
+        found[index] = lens > 0
+        return found.to(self.device), drafts.to(self.device), int(lens.max())
 
     def time_last_round(self) -> float:
         """Now; and the previous decode round's cost, start to start, to the policy's cost

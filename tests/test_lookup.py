@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from domino_sglang.lookup import lookup_draft, lookup_from_env
+from domino_sglang.lookup import lookup_batch, lookup_draft, lookup_from_env
 
 
 def scan(history: list[int], max_tokens: int, min_match: int = 2, max_match: int = 12
@@ -36,6 +36,24 @@ def test_lookup_equals_a_direct_scan():
         assert got == scan(history, max_tokens, min_match), (history, max_tokens, min_match)
         found += bool(got)
     assert 500 < found < 2000  # both outcomes are exercised
+
+
+def test_batched_lookup_equals_each_history_alone():
+    """Histories of different lengths in one batch (right-aligned, padded) get what each gets
+    alone, and rows without a match get length 0."""
+    rng = random.Random(1)
+    for _ in range(300):
+        batch = [[rng.randrange(rng.randint(2, 5)) for _ in range(rng.randint(1, 40))]
+                 for _ in range(rng.randint(1, 6))]
+        max_tokens, min_match = rng.randint(1, 15), rng.randint(1, 3)
+        drafts, lengths = lookup_batch([torch.tensor(h) for h in batch], max_tokens,
+                                       min_match=min_match)
+        assert drafts.shape == (len(batch), max_tokens)
+        for row, history in enumerate(batch):
+            want = scan(history, max_tokens, min_match)
+            assert int(lengths[row]) == len(want), (batch, row)
+            assert drafts[row, :len(want)].tolist() == want
+            assert bool((drafts[row, len(want):] == -1).all())
 
 
 def test_lookup_on_a_repetition():
