@@ -142,7 +142,8 @@ class DominoWorker(BaseSpecWorker):
         self.policy = SpeculationPolicy.from_env(self.block_size, cost)  # DOMINO_ADAPTIVE=0: fixed
         self._plain_decode: bool | None = None  # see plain_decode_forward
         # (bs, L, start) of the last decode round, timed at the next one's start (calibration)
-        self._last_round: tuple[int, int, float, str] | None = None  # + kind (time_last_round)
+        # + kind and mean committed length, logged (debug) by time_last_round
+        self._last_round: tuple[int, int, float, str, int] | None = None
         self._logged_scale = (1.0, 0.0)  # (k, time) last logged
         # plain rounds' draft-context writes, batched until a draft pass needs them (context.py)
         self.context = DeferredContext(self.write_draft_context)
@@ -369,7 +370,7 @@ class DominoWorker(BaseSpecWorker):
         # logged (debug) but not timed
         kind = ("copy" if not draft_pass else "plain" if block == 1
                 else "draft" if looked is None else "mixed") + ("+lookup" if tried else "")
-        self._last_round = (bs, block, started, kind)
+        self._last_round = (bs, block, started, kind, int(prefix_lens.sum()) // bs)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=tokens.reshape(-1),
@@ -436,10 +437,10 @@ class DominoWorker(BaseSpecWorker):
         on any device this wall time is what the round cost, its output processing included."""
         now = time.perf_counter()
         if self._last_round is not None:
-            bs, block, started, kind = self._last_round
+            bs, block, started, kind, context = self._last_round
             if logger.isEnabledFor(logging.DEBUG):  # `-- --log-level debug`
-                logger.debug("DOMINO round %s bs %d L %d %.2f ms", kind, bs, block,
-                             1e3 * (now - started))
+                logger.debug("DOMINO round %s bs %d L %d context %d %.2f ms", kind, bs, block,
+                             context, 1e3 * (now - started))
             if not kind.startswith("copy"):
                 self.policy.observe_time(bs, block, now - started)
                 self.report_cost_scale(now)

@@ -153,6 +153,9 @@ def paged_attention(
             continue
         keys = _gather(k_cache, plan.prefix_locs[b], k_new[s : s + n]).to(dtype)  # [p+n, Hkv, D]
         vals = _gather(v_cache, plan.prefix_locs[b], v_new[s : s + n]).to(dtype)
+        if n == 1 and dtype != torch.float32:  # a decode row in bf16 / fp16
+            out[s] = _one_query(q[s], keys, vals, mask[b].mask, scaling)
+            continue
         o = scaled_dot_product_attention(
             q[s : s + n].transpose(0, 1),  # [Hq, n, D]
             keys.transpose(0, 1),  # [Hkv, p + n, D]
@@ -164,6 +167,24 @@ def paged_attention(
         )  # [Hq, n, Dv]
         out[s : s + n] = o.transpose(0, 1)
     return out
+
+
+def _one_query(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor,
+               mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+    """One query q [Hq, D] over keys / vals [p + 1, Hkv, D] (mask [1, p + 1] or None), in
+    float32 through two batched matmuls; returns [Hq, Dv] in q's dtype. torch's CPU SDPA takes
+    a slow path for a single bf16 query (1 thread, AMD EPYC, 9 / 3 heads of 64: 209 / 653 /
+    1507 us at 300 / 900 / 2000 keys, against 39 / 98 / 318 us here; benchmarks/
+    attention_cost.py), which made a plain decode step grow ~25 us per context token.
+    Query head h reads KV head h // (Hq / Hkv), as SDPA's enable_gqa."""
+    hkv = keys.shape[1]
+    qg = q.float().view(hkv, -1, q.shape[-1])  # [Hkv, g, D]
+    scores = torch.bmm(qg, keys.float().permute(1, 2, 0)) * scaling  # [Hkv, g, p + 1]
+    if mask is not None:
+        scores.masked_fill_(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    o = torch.bmm(weights, vals.float().transpose(0, 1))  # [Hkv, g, Dv]
+    return o.reshape(q.shape[0], -1).to(q.dtype)
 
 
 def _gather(cache: torch.Tensor, locs: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
