@@ -153,8 +153,8 @@ def paged_attention(
             continue
         keys = _gather(k_cache, plan.prefix_locs[b], k_new[s : s + n]).to(dtype)  # [p+n, Hkv, D]
         vals = _gather(v_cache, plan.prefix_locs[b], v_new[s : s + n]).to(dtype)
-        if n == 1 and dtype != torch.float32:  # a decode row in bf16 / fp16
-            out[s] = _one_query(q[s], keys, vals, mask[b].mask, scaling)
+        if dtype != torch.float32:  # bf16 / fp16: in float32 through bmm (see _attend_fp32)
+            out[s : s + n] = _attend_fp32(q[s : s + n], keys, vals, mask[b], scaling)
             continue
         o = scaled_dot_product_attention(
             q[s : s + n].transpose(0, 1),  # [Hq, n, D]
@@ -169,22 +169,27 @@ def paged_attention(
     return out
 
 
-def _one_query(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor,
-               mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
-    """One query q [Hq, D] over keys / vals [p + 1, Hkv, D] (mask [1, p + 1] or None), in
-    float32 through two batched matmuls; returns [Hq, Dv] in q's dtype. torch's CPU SDPA takes
-    a slow path for a single bf16 query (1 thread, AMD EPYC, 9 / 3 heads of 64: 209 / 653 /
-    1507 us at 300 / 900 / 2000 keys, against 39 / 98 / 318 us here; benchmarks/
-    attention_cost.py), which made a plain decode step grow ~25 us per context token.
-    Query head h reads KV head h // (Hq / Hkv), as SDPA's enable_gqa."""
-    hkv = keys.shape[1]
-    qg = q.float().view(hkv, -1, q.shape[-1])  # [Hkv, g, D]
-    scores = torch.bmm(qg, keys.float().permute(1, 2, 0)) * scaling  # [Hkv, g, p + 1]
-    if mask is not None:
-        scores.masked_fill_(~mask, float("-inf"))
+def _attend_fp32(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: KeyMask,
+                 scaling: float) -> torch.Tensor:
+    """Queries q [n, Hq, D] over keys / vals [p + n, Hkv, D] under `mask`, in float32 through two
+    batched matmuls; returns [n, Hq, Dv] in q's dtype. torch's CPU SDPA in bf16 is slower,
+    worst for a single query, which made a plain decode step grow ~25 us per context token
+    (1 thread, AMD EPYC, 9 / 3 heads of 64, SDPA bf16 -> here: 1 query over 300 / 900 / 2000
+    keys 209 / 653 / 1507 -> 39 / 98 / 318 us; 4 queries 94 / 251 / 545 -> 71 / 180 / 386 us;
+    16 queries about even). Query head h reads KV head h // (Hq / Hkv), as SDPA's enable_gqa.
+    """
+    n, hq, d = q.shape
+    hkv, keys_n = keys.shape[1], keys.shape[0]
+    qg = q.float().transpose(0, 1).reshape(hkv, -1, d)  # [Hkv, g * n, D], head-major
+    scores = torch.bmm(qg, keys.float().permute(1, 2, 0)) * scaling  # [Hkv, g * n, p + n]
+    allowed = mask.mask
+    if allowed is None and mask.causal:  # no prefix: plain causal over the n new tokens
+        allowed = torch.ones(n, keys_n, dtype=torch.bool, device=q.device).tril(keys_n - n)
+    if allowed is not None:
+        scores.view(hkv, -1, n, keys_n).masked_fill_(~allowed, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
-    o = torch.bmm(weights, vals.float().transpose(0, 1))  # [Hkv, g, Dv]
-    return o.reshape(q.shape[0], -1).to(q.dtype)
+    o = torch.bmm(weights, vals.float().transpose(0, 1))  # [Hkv, g * n, Dv]
+    return o.view(hq, n, -1).transpose(0, 1).to(q.dtype)
 
 
 def _gather(cache: torch.Tensor, locs: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
