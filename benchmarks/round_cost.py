@@ -55,15 +55,18 @@ def main() -> None:
     drafter = args.drafter or str(shipped_drafter_dir())
     prov = provenance.collect()
     servers = []
+    # every round drafted by the drafter (DOMINO_LOOKUP=0): a copied round skips the draft pass,
+    # which the profile prices separately (policy.lookup_len)
+    own = {"DOMINO_LOOKUP": "0"}
     for n in args.lens:
         servers.append((f"L={n}", ["--drafter", drafter],
-                        {"DOMINO_DRAFT_LEN": str(n), "DOMINO_SHORT_DRAFT": "0"}))
+                        {**own, "DOMINO_DRAFT_LEN": str(n), "DOMINO_SHORT_DRAFT": "0"}))
         if args.short_draft and n >= 2:
             servers.append((f"L={n} short draft", ["--drafter", drafter],
-                            {"DOMINO_DRAFT_LEN": str(n), "DOMINO_SHORT_DRAFT": "1"}))
+                            {**own, "DOMINO_DRAFT_LEN": str(n), "DOMINO_SHORT_DRAFT": "1"}))
     if args.plain_verify:
         servers.append(("L=1 (verify forward)", ["--drafter", drafter],
-                        {"DOMINO_DRAFT_LEN": "1", "DOMINO_PLAIN_DECODE": "0"}))
+                        {**own, "DOMINO_DRAFT_LEN": "1", "DOMINO_PLAIN_DECODE": "0"}))
     gaps: dict[str, dict[int, float]] = {}
     ar_gaps: dict[int, list[float]] = {}
     cost: dict[str, dict[int, float]] = {}
