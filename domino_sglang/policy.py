@@ -21,10 +21,12 @@ measured profile (`COSTS`), chosen by `cost_model(device, dtype)`:
     needs a better drafter to pay;
   - "cpu-bf16-short": bf16 on the AMD EPYC with a drafter that drafts only the L tokens a round
     verifies (config `short_draft`, worker.py `propose`): the draft pass shrinks with L, so its
-    price moves from DRAFT into the slope (round_cost_short_bf16.md, `round_cost.py
-    --short-draft`, least squares by `fit_cost.py --short-draft` over bs 1 and 4; larger
-    batches are extrapolated). L = 2 cost 1.26 / 1.07 plain steps at bs 1 / 4 drafting short,
-    1.39 / 1.16 drafting the whole block. fp32 with short drafts is unmeasured and keeps the
+    price moves from DRAFT into the slope. Re-measured after the CPU attention's bf16 path
+    made plain steps 9-32% cheaper (round_cost_short_bf16_v2{,_c16}.md, `round_cost.py
+    --short-draft`, drafter rounds only, least squares by `fit_cost.py --short-draft` over bs
+    1, 4 and 16; larger batches are extrapolated): L = 2 costs 1.35 / 1.38 / 1.64 plain steps at
+    bs 1 / 4 / 16 drafting short (before the attention fix: 1.26 / 1.07 at bs 1 / 4, DRAFT
+    0.126, slope 0.0622 + 0.00375 bs). fp32 with short drafts is unmeasured and keeps the
     cpu-fp32 profile (an overestimate: the calibration below scales it down).
 A GPU has not been measured (no GPU here): it gets the cpu-bf16 constants, which overestimate what
 verifying more tokens costs on a GPU (the policy errs towards plain decoding there), scaled by the
@@ -136,7 +138,7 @@ class CostModel:
 COSTS = {
     "cpu-bf16": CostModel(draft=0.35, slope_0=0.05, slope_per_req=0.0065),
     "cpu-fp32": CostModel(draft=0.599, slope_0=0.1088, slope_per_req=0.01466),
-    "cpu-bf16-short": CostModel(draft=0.126, slope_0=0.0622, slope_per_req=0.00375),
+    "cpu-bf16-short": CostModel(draft=0.293, slope_0=0.0698, slope_per_req=0.0148),
 }
 DEFAULT_COST = COSTS["cpu-bf16"]
 
