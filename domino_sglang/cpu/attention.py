@@ -13,7 +13,8 @@ build of sgl-kernel. This backend serves every forward mode a speculative decode
 Each request is attended on its own, over exactly its keys: per layer, its cached prefix is
 gathered from the KV pool through `req_to_token` straight into a [prefix + new, Hkv, D] buffer,
 its new K/V are appended, and one `scaled_dot_product_attention` call runs over it (GQA native,
-a bool mask only where one is needed). The plan (slots and masks) is built once per forward and
+a bool mask only where one is needed; in bf16 / fp16 two float32 `bmm` calls instead, see
+`_attend_fp32`). The plan (slots and masks) is built once per forward and
 shared by all layers. On a CPU this per-request loop is the fast layout: reading the KV is what
 costs (memory-bound), and padding every request to the batch's longest prefix, as one batched
 call must, multiplies the bytes read. Microbenchmark, 1 thread, AMD EPYC, fp32, per layer
