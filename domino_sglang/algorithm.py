@@ -271,33 +271,30 @@ def cumulate_penalties(batch) -> None:
         batch.cumulate_penalty_output_tokens()
 
 
-def candidate_pool_from_env(default: int) -> int:
-    """Head candidate-pool size: env DOMINO_CANDIDATE_POOL overrides the draft config."""
-    raw = os.environ.get("DOMINO_CANDIDATE_POOL")
+def _env_number(name: str, default: float, kind: type, valid, requirement: str) -> float:
+    """Env `name` parsed as `kind` (int or float) and checked by `valid`, else `default`; a bad
+    value is a one-line DominoArgsError naming the variable and `requirement`."""
+    raw = os.environ.get(name)
     if raw is None:
         return default
     try:
-        value = int(raw)
+        value = kind(raw)
     except ValueError as exc:
-        raise DominoArgsError(f"DOMINO_CANDIDATE_POOL must be an integer, got {raw!r}") from exc
-    if value < 0:
-        raise DominoArgsError(f"DOMINO_CANDIDATE_POOL must be >= 0, got {value}")
+        raise DominoArgsError(f"{name} must be {requirement}, got {raw!r}") from exc
+    if not valid(value):
+        raise DominoArgsError(f"{name} must be {requirement}, got {value}")
     return value
+
+
+def candidate_pool_from_env(default: int) -> int:
+    """Head candidate-pool size: env DOMINO_CANDIDATE_POOL overrides the draft config."""
+    return _env_number("DOMINO_CANDIDATE_POOL", default, int, lambda v: v >= 0,
+                       "an integer >= 0")
 
 
 def draft_temperature_scale_from_env(default: float) -> float:
     """Draft temperature scale of sampled requests (sampling.py `sampled_rollout`): env
     DOMINO_DRAFT_TEMPERATURE_SCALE overrides the draft config (measurement; 1 = the request's
     own temperature)."""
-    raw = os.environ.get("DOMINO_DRAFT_TEMPERATURE_SCALE")
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError as exc:
-        raise DominoArgsError(
-            f"DOMINO_DRAFT_TEMPERATURE_SCALE must be a number, got {raw!r}") from exc
-    if not 0 < value < float("inf"):
-        raise DominoArgsError(
-            f"DOMINO_DRAFT_TEMPERATURE_SCALE must be a finite number > 0, got {value}")
-    return value
+    return _env_number("DOMINO_DRAFT_TEMPERATURE_SCALE", default, float,
+                       lambda v: 0 < v < float("inf"), "a finite number > 0")

@@ -131,7 +131,7 @@ def test_draft_temperature_scale_follows_the_drafter_unless_set(monkeypatch, env
     assert draft_temperature_scale_from_env(0.7) == expected
 
 
-@pytest.mark.parametrize("raw,message", [("warm", "must be a number, got 'warm'"),
+@pytest.mark.parametrize("raw,message", [("warm", "must be a finite number > 0, got 'warm'"),
                                          ("0", "must be a finite number > 0, got 0.0"),
                                          ("nan", "must be a finite number > 0, got nan")])
 def test_draft_temperature_scale_env_error_names_the_variable(monkeypatch, raw, message):
@@ -140,3 +140,16 @@ def test_draft_temperature_scale_env_error_names_the_variable(monkeypatch, raw, 
     monkeypatch.setenv("DOMINO_DRAFT_TEMPERATURE_SCALE", raw)
     with pytest.raises(DominoArgsError, match=f"DOMINO_DRAFT_TEMPERATURE_SCALE {message}"):
         draft_temperature_scale_from_env(1.0)
+
+
+@pytest.mark.parametrize("raw,message", [("many", "got 'many'"), ("2.5", "got '2.5'"),
+                                         ("-1", "got -1")])
+def test_candidate_pool_env_error_names_the_variable(monkeypatch, raw, message):
+    from domino_sglang.algorithm import candidate_pool_from_env
+
+    monkeypatch.setenv("DOMINO_CANDIDATE_POOL", raw)
+    with pytest.raises(DominoArgsError,
+                       match=f"DOMINO_CANDIDATE_POOL must be an integer >= 0, {message}"):
+        candidate_pool_from_env(0)
+    monkeypatch.setenv("DOMINO_CANDIDATE_POOL", "64")
+    assert candidate_pool_from_env(0) == 64
