@@ -14,7 +14,7 @@ USERS   ?= 4
 DURATION ?= 60s
 
 .PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean data data-snapshot regenerate \
-	train-drafter train-stage4 train-stage6 train-stage17
+	train-drafter train-stage4 train-stage6 train-stage17 train-stage20
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -71,6 +71,7 @@ REGEN_DATA ?= $(HOME)/.cache/domino_sglang/data/sharegpt-greedy256.jsonl
 REGEN_N    ?= 11137  # every ShareGPT first turn (stages 14 and 15 read up to 11136)
 REGEN_N2   ?= 4616   # every second turn that fits (ids 100000..111136; stage 18 reads them all)
 REGEN_N3   ?= 1432   # every third turn that fits (ids 200000..211134; stage 19 reads them all)
+REGEN_N4   ?= 491    # every fourth turn that fits (ids 300000..311134; stage 20 reads them all)
 REGEN_SNAPSHOT := domino_sglang/train/data/sharegpt-greedy256.jsonl.gz
 RUN_DIR    ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino
 RECIPE2    ?= domino_sglang/train/recipes/smollm2-135m-stage2.toml
@@ -109,6 +110,8 @@ RECIPE18   ?= domino_sglang/train/recipes/smollm2-135m-stage18.toml
 RUN_DIR18  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage18
 RECIPE19   ?= domino_sglang/train/recipes/smollm2-135m-stage19.toml
 RUN_DIR19  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage19
+RECIPE20   ?= domino_sglang/train/recipes/smollm2-135m-stage20.toml
+RUN_DIR20  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage20
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 # $(call next_stage,RECIPE,RUN_DIR,INIT_RUN_DIR): train a stage from the previous one's drafter,
@@ -134,6 +137,7 @@ regenerate: target data
 	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --limit $(REGEN_N) --concurrency 64
 	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --turn 2 --limit $(REGEN_N2) --concurrency 64
 	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --turn 3 --limit $(REGEN_N3) --concurrency 64
+	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --turn 4 --limit $(REGEN_N4) --concurrency 64
 
 train-drafter: regenerate
 	$(BIN)/domino-sglang train --config $(RECIPE) --data $(REGEN_DATA) --out $(RUN_DIR)
@@ -195,6 +199,15 @@ train-stage17: train-drafter
 		--init $(RUN_DIR16)/drafter
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
 		--max-tokens 128 $(RUN_DIR16)/drafter $(RUN_DIR17)/drafter
+
+# Stage 20 (not shipped: see its recipe): the shipped stage 19 continued on all 16,107 answers
+# (the 491 fourth turns added), then compared with it on the evaluation prompts.
+train-stage20: data
+	mkdir -p $(RUN_DIR20) && cp -n $(SHIPPED)/draft_vocab.json $(RUN_DIR20)/
+	$(BIN)/domino-sglang train --config $(RECIPE20) --data $(REGEN_DATA) --out $(RUN_DIR20) \
+		--init $(SHIPPED)
+	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
+		--max-tokens 128 $(SHIPPED) $(RUN_DIR20)/drafter
 
 clean:
 	rm -rf $(VENV)
