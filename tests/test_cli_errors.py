@@ -170,3 +170,11 @@ def test_regenerate_rejects_turn_zero(capsys):
     assert exc.value.code == 2
     assert capsys.readouterr().err.strip() == (
         "domino-sglang: error: regenerate: --turn must be >= 1, got 0")
+
+
+def test_regenerate_rejects_a_turn_for_python_prompts(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["regenerate", "--out", "unused.jsonl", "--source", "python", "--turn", "2"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "domino-sglang: error: regenerate: --turn applies to --source sharegpt only")

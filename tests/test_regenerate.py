@@ -12,8 +12,10 @@ import pytest
 import requests
 
 from domino_sglang.train.regenerate import (
+    PYTHON_ID_BASE,
     TURN_ID_STRIDE,
     RegenConfig,
+    python_items,
     read_records,
     recover,
     regenerate,
@@ -162,3 +164,45 @@ def test_a_later_turn_is_the_conversation_up_to_it_under_its_own_id():
                for i in list(second)[:5])
     cap = 2 * len(first[0])
     assert all(len(ids) <= cap for _, ids in sharegpt_items(tok, 10, cap, turn=2))
+
+
+def test_python_prompts_ask_for_a_documented_stdlib_function_and_skip_humaneval(tmp_path):
+    """`regenerate --source python`: one prompt per public, undecorated, documented top-level
+    function (header + docstring, no body), in sorted file order, test folders skipped; none is
+    a HumanEval problem; ids PYTHON_ID_BASE + index, above every ShareGPT turn's."""
+    from domino_sglang.data import humaneval, python_functions
+
+    pkg = tmp_path / "lib"
+    (pkg / "test").mkdir(parents=True)
+    (pkg / "b.py").write_text(
+        'def combine(a, b):\n    """Return the sum of a and b, for any two numbers at all."""\n'
+        '    return a + b\n\n'
+        'def _hidden(x):\n    """A private helper that no prompt should be built from."""\n\n'
+        'def short(x):\n    """Too short."""\n\n'
+        '@staticmethod\ndef wrapped(x):\n    """Decorated: its header is not the whole story."""\n')
+    (pkg / "c.py").write_text('def median(data):\n    """Shares its name with a HumanEval '
+                              'problem, so it is left out (decontamination)."""\n')
+    (pkg / "a.py").write_text('def first(s: str) -> str:\n    """Return s upper-cased, '
+                              'keeping every character that has no case."""\n    return s\n')
+    (pkg / "test" / "t.py").write_text('def in_tests():\n    """A test helper, left out like '
+                                       'the whole test package."""\n')
+    (pkg / "broken.py").write_text("def (:\n")
+    prompts = python_functions(pkg)
+    assert len(prompts) == 2
+    assert prompts[0].startswith("Complete the following Python function.\n\n```python\n"
+                                 "def first(s: str) -> str:\n")
+    assert "return s" not in prompts[0] and prompts[0].endswith('has no case."""\n```')
+    assert "def combine(a, b):" in prompts[1] and "return a + b" not in prompts[1]
+    assert prompts[0].split("\n")[0] != prompts[1].split("\n")[0]  # the wordings rotate
+
+    real = python_functions()
+    assert len(real) > 500 and all("```python\ndef " in p for p in real)
+    names = {p.split("```python\ndef ", 1)[1].split("(", 1)[0] for p in real}
+    humaneval_names = {p.split("\ndef ")[-1].split("(", 1)[0] for p in humaneval()}
+    assert not names & humaneval_names
+    tok = _CharTokenizer()
+    items = python_items(tok, 5, 10**6, first_id=3)
+    assert [i for i, _ in items] == [PYTHON_ID_BASE + k for k in range(3, 8)]
+    assert items[0][1] == tok.apply_chat_template([{"role": "user", "content": real[3]}],
+                                                  True, True)
+    assert all(len(ids) <= 300 for _, ids in python_items(tok, 10, 300))

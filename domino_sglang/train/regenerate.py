@@ -2,8 +2,9 @@
 
 Drafters learn what the TARGET would say, so responses are regenerated (greedy by default) rather
 than taken from the dataset. A prompt is a conversation's first user turn, or (`turn` > 1) the
-conversation up to a later user turn with the dataset's answers in between. Prompts are tokenised
-with the target's chat template exactly as SGLang's OpenAI chat endpoint does
+conversation up to a later user turn with the dataset's answers in between; or (`python_items`)
+a code-completion request for a documented standard-library function (data.python_functions).
+Prompts are tokenised with the target's chat template exactly as SGLang's OpenAI chat endpoint does
 (`apply_chat_template(add_generation_prompt=True)`; SmolLM2 has no thinking mode) and sent as
 `input_ids` to the native `/generate`, which returns the generated ids, so no re-tokenisation can
 drift from what the server produced.
@@ -45,6 +46,8 @@ class RegenConfig:
 # A later turn's id: (turn - 1) * TURN_ID_STRIDE + the conversation's index, so first turns keep
 # their ids (< 17,671 conversations) and a stage's `max_id` below the stride excludes later turns.
 TURN_ID_STRIDE = 100_000
+# Prompts from other sources than ShareGPT start at this id (python_items: + the function's index).
+PYTHON_ID_BASE = 1_000_000
 
 
 def chat_prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
@@ -192,6 +195,26 @@ def sharegpt_items(tokenizer, limit: int | None, max_prompt_tokens: int, first_i
         ids = chat_prompt_ids(tokenizer, conv[: users[turn - 1] + 1])
         if len(ids) <= max_prompt_tokens:
             out.append(((turn - 1) * TURN_ID_STRIDE + i, ids))
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def python_items(tokenizer, limit: int | None, max_prompt_tokens: int, first_id: int = 0
+                 ) -> list[tuple[int, list[int]]]:
+    """(prompt id, chat prompt ids) of the standard-library code prompts (data.python_functions)
+    from index `first_id` on, at most `limit` of them, skipping prompts over the length cap; id
+    PYTHON_ID_BASE + index, so they sort after every ShareGPT turn (and are a stage's held-out
+    records when it trains on them)."""
+    from domino_sglang.data import python_functions
+
+    out = []
+    for i, prompt in enumerate(python_functions()):
+        if i < first_id:
+            continue
+        ids = chat_prompt_ids(tokenizer, prompt)
+        if len(ids) <= max_prompt_tokens:
+            out.append((PYTHON_ID_BASE + i, ids))
             if limit is not None and len(out) >= limit:
                 break
     return out
