@@ -14,7 +14,7 @@ USERS   ?= 4
 DURATION ?= 60s
 
 .PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean data data-snapshot regenerate \
-	train-drafter train-stage4 train-stage6 train-stage17 train-stage20
+	train-drafter train-stage4 train-stage6 train-stage17 train-stage20 train-stage21
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -112,6 +112,8 @@ RECIPE19   ?= domino_sglang/train/recipes/smollm2-135m-stage19.toml
 RUN_DIR19  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage19
 RECIPE20   ?= domino_sglang/train/recipes/smollm2-135m-stage20.toml
 RUN_DIR20  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage20
+RECIPE21   ?= domino_sglang/train/recipes/smollm2-135m-stage21.toml
+RUN_DIR21  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage21
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 # $(call next_stage,RECIPE,RUN_DIR,INIT_RUN_DIR): train a stage from the previous one's drafter,
@@ -138,6 +140,7 @@ regenerate: target data
 	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --turn 2 --limit $(REGEN_N2) --concurrency 64
 	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --turn 3 --limit $(REGEN_N3) --concurrency 64
 	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --turn 4 --limit $(REGEN_N4) --concurrency 64
+	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --source python --concurrency 64
 
 train-drafter: regenerate
 	$(BIN)/domino-sglang train --config $(RECIPE) --data $(REGEN_DATA) --out $(RUN_DIR)
@@ -208,6 +211,17 @@ train-stage20: data
 		--init $(SHIPPED)
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
 		--max-tokens 128 $(SHIPPED) $(RUN_DIR20)/drafter
+
+# Stage 21: the shipped drafter continued with the stdlib code answers (`regenerate --source
+# python`) oversampled; stage 20's feature cache is linked in when present (same target, ids).
+train-stage21: data
+	mkdir -p $(RUN_DIR21) && cp -n $(SHIPPED)/draft_vocab.json $(RUN_DIR21)/
+	if [ -d $(RUN_DIR20)/features ] && [ ! -d $(RUN_DIR21)/features ]; then \
+		cp -al $(RUN_DIR20)/features $(RUN_DIR21)/features; fi
+	$(BIN)/domino-sglang train --config $(RECIPE21) --data $(REGEN_DATA) --out $(RUN_DIR21) \
+		--init $(SHIPPED)
+	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
+		--max-tokens 128 $(SHIPPED) $(RUN_DIR21)/drafter
 
 clean:
 	rm -rf $(VENV)

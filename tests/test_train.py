@@ -13,6 +13,7 @@ import torch
 from domino_sglang.train.curriculum import block_loss, lambda_at, position_weights, tau_sim
 from domino_sglang.train.trainer import (
     TrainConfigError,
+    epoch_pool,
     load_train_config,
     sample_anchors,
     sample_block_anchors,
@@ -192,6 +193,10 @@ def test_data_order_is_a_pure_function_of_step_and_rank():
     assert set(a).isdisjoint(b)  # ranks read different records of the same step
     epoch = [i for s in range(5) for r in range(2) for i in step_records(10, s, 1, r, 2, 0)]
     assert sorted(epoch) == list(range(10))  # one epoch covers every record once
+    recs = [{"id": i} for i in (3, 7, 1_000_000, 1_000_004)]
+    assert epoch_pool(recs, []) == [0, 1, 2, 3]  # no oversampling: every record once
+    pool = epoch_pool(recs, [1_000_000, 1_999_999, 3])  # a new domain three times an epoch
+    assert sorted(pool) == [0, 1, 2, 2, 2, 3, 3, 3]
     g = torch.Generator().manual_seed(0)
     anchors = sample_anchors(5, 20, 30, g)
     assert anchors == sorted(set(anchors)) and min(anchors) >= 5 and max(anchors) <= 18
@@ -289,6 +294,14 @@ def test_skip_ids_leaves_out_a_gap_filled_after_the_stage_ran(tmp_path):
     for bad in ([6, 3], [3], [-1, 2], [1.0, 2]):
         with pytest.raises(TrainConfigError, match="'skip_ids' must be"):
             load_train_config(None, {"data": "d", "out": "o", "skip_ids": bad})
+
+
+def test_oversample_is_validated_with_the_key_named():
+    conf = load_train_config(None, {"data": "d", "out": "o", "oversample": [10, 20, 4]})
+    assert conf.oversample == [10, 20, 4]
+    for bad in ([20, 10, 2], [10, 20], [10, 20, 0], [10, 20, 1.5]):
+        with pytest.raises(TrainConfigError, match="'oversample' must be"):
+            load_train_config(None, {"data": "d", "out": "o", "oversample": bad})
 
 
 @pytest.mark.parametrize("recipe", sorted(

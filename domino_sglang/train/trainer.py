@@ -64,6 +64,9 @@ class TrainConfig:
     #                   while the regenerated file grows (ids are ShareGPT positions)
     skip_ids: list = field(default_factory=list)  # [first, last]: also leave out the ids in
     #                   first..last, a gap the regeneration filled after this stage ran
+    oversample: list = field(default_factory=list)  # [first, last, factor]: the records with
+    #                   ids in first..last appear `factor` times per epoch (a small new domain
+    #                   among many answers, e.g. the stdlib code prompts at ids >= 1000000)
     lr: float = 6e-4
     min_lr_frac: float = 0.1
     warmup_frac: float = 0.04
@@ -122,6 +125,13 @@ class TrainConfig:
         if self.max_id < -1:
             raise TrainConfigError(f"train: 'max_id' must be -1 (all) or a record id, "
                                    f"got {self.max_id}")
+        if self.oversample and not (len(self.oversample) == 3
+                                    and all(type(i) is int for i in self.oversample)
+                                    and 0 <= self.oversample[0] <= self.oversample[1]
+                                    and self.oversample[2] >= 1):
+            raise TrainConfigError(f"train: 'oversample' must be [] or [first, last, factor] "
+                                   f"with 0 <= first <= last and factor >= 1, "
+                                   f"got {self.oversample}")
         if self.skip_ids and not (len(self.skip_ids) == 2
                                   and all(type(i) is int for i in self.skip_ids)
                                   and 0 <= self.skip_ids[0] <= self.skip_ids[1]):
@@ -180,6 +190,16 @@ def load_records(path: str | Path, max_seq_len: int, max_id: int = -1,
     if not out:
         raise TrainConfigError(f"train: {path} has no usable records")
     return out
+
+
+def epoch_pool(records: list[dict], oversample: list[int]) -> list[int]:
+    """The record indices one epoch covers: each once, and those with ids in first..last of
+    `oversample` = [first, last, factor] `factor` times ([]: range(len(records)))."""
+    if not oversample:
+        return list(range(len(records)))
+    first, last, factor = oversample
+    return [i for i, r in enumerate(records)
+            for _ in range(factor if first <= r["id"] <= last else 1)]
 
 
 def step_records(n_records: int, step: int, batch: int, rank: int, world: int, seed: int
@@ -522,6 +542,7 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
     records = load_records(conf.data, conf.max_seq_len, conf.max_id, conf.skip_ids)
     held = records[-conf.eval_records:] if 0 < conf.eval_records < len(records) else []
     train_recs = records[: len(records) - len(held)]
+    pool = epoch_pool(train_recs, conf.oversample)  # [n per epoch] indices into train_recs
 
     seed_dir = out / "init"  # the starting drafter in upstream layout (validates the config)
     if rank == 0 and not (seed_dir / "config.json").exists():
@@ -584,8 +605,8 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
         for group in opt.param_groups:
             group["lr"] = lr_at(step, conf)
         items = []
-        for idx in step_records(len(train_recs), step, conf.batch_size, rank, world, conf.seed):
-            rec = train_recs[idx]
+        for idx in step_records(len(pool), step, conf.batch_size, rank, world, conf.seed):
+            rec = train_recs[pool[idx]]
             g = torch.Generator().manual_seed(conf.seed * 1_000_003 + step * 7919 + rec["id"])
             anchors, first = sample_block_anchors(rec["start"], len(rec["ids"]), conf.anchors,
                                                   conf.first_anchors, g)
