@@ -176,6 +176,8 @@ train-drafter: regenerate
 	$(call next_stage,$(RECIPE18),$(RUN_DIR18),$(RUN_DIR16))
 	mkdir -p $(RUN_DIR19) && cp -n $(RUN_DIR16)/draft_vocab.json $(RUN_DIR19)/
 	$(call next_stage,$(RECIPE19),$(RUN_DIR19),$(RUN_DIR18))
+	mkdir -p $(RUN_DIR21) && cp -n $(RUN_DIR19)/draft_vocab.json $(RUN_DIR21)/
+	$(call next_stage,$(RECIPE21),$(RUN_DIR21),$(RUN_DIR19))
 
 # Stage 4 (not shipped: see its recipe): continues stage 3 on 2.5x the data, then compares the two
 # on answers no stage saw (ShareGPT ids 3401..3800).
@@ -206,22 +208,24 @@ train-stage17: train-drafter
 # Stage 20 (not shipped: see its recipe): the shipped stage 19 continued on all 16,107 answers
 # (the 491 fourth turns added), then compared with it on the evaluation prompts.
 train-stage20: data
-	mkdir -p $(RUN_DIR20) && cp -n $(SHIPPED)/draft_vocab.json $(RUN_DIR20)/
+	mkdir -p $(RUN_DIR20) && cp -n $(RUN_DIR19)/draft_vocab.json $(RUN_DIR20)/
 	$(BIN)/domino-sglang train --config $(RECIPE20) --data $(REGEN_DATA) --out $(RUN_DIR20) \
-		--init $(SHIPPED)
+		--init $(RUN_DIR19)/drafter
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
-		--max-tokens 128 $(SHIPPED) $(RUN_DIR20)/drafter
+		--max-tokens 128 $(RUN_DIR19)/drafter $(RUN_DIR20)/drafter
 
-# Stage 21: the shipped drafter continued with the stdlib code answers (`regenerate --source
-# python`) oversampled; stage 20's feature cache is linked in when present (same target, ids).
+# Stage 21 alone (the shipped drafter since 2026-11-28; `make train-drafter` ends with it): stage
+# 19 continued with the stdlib code answers (`regenerate --source python`) oversampled. It was run
+# with --init = the shipped folder while that held stage 19 (git history: bb1bf70); here the init
+# is stage 19's own run. Stage 20's feature cache is linked in when present (same target, ids).
 train-stage21: data
-	mkdir -p $(RUN_DIR21) && cp -n $(SHIPPED)/draft_vocab.json $(RUN_DIR21)/
+	mkdir -p $(RUN_DIR21) && cp -n $(RUN_DIR19)/draft_vocab.json $(RUN_DIR21)/
 	if [ -d $(RUN_DIR20)/features ] && [ ! -d $(RUN_DIR21)/features ]; then \
 		cp -al $(RUN_DIR20)/features $(RUN_DIR21)/features; fi
 	$(BIN)/domino-sglang train --config $(RECIPE21) --data $(REGEN_DATA) --out $(RUN_DIR21) \
-		--init $(SHIPPED)
+		--init $(RUN_DIR19)/drafter
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
-		--max-tokens 128 $(SHIPPED) $(RUN_DIR21)/drafter
+		--max-tokens 128 $(RUN_DIR19)/drafter $(RUN_DIR21)/drafter
 
 clean:
 	rm -rf $(VENV)
