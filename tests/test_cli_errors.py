@@ -172,9 +172,10 @@ def test_regenerate_rejects_turn_zero(capsys):
         "domino-sglang: error: regenerate: --turn must be >= 1, got 0")
 
 
-def test_regenerate_rejects_a_turn_for_python_prompts(capsys):
+@pytest.mark.parametrize("source", ["python", "math"])
+def test_regenerate_rejects_a_turn_for_other_sources(capsys, source):
     with pytest.raises(SystemExit) as exc:
-        cli.main(["regenerate", "--out", "unused.jsonl", "--source", "python", "--turn", "2"])
+        cli.main(["regenerate", "--out", "unused.jsonl", "--source", source, "--turn", "2"])
     assert exc.value.code == 2
     assert capsys.readouterr().err.strip() == (
         "domino-sglang: error: regenerate: --turn applies to --source sharegpt only")

@@ -13,6 +13,7 @@ import requests
 
 from domino_sglang.train.regenerate import (
     PYTHON_ID_BASE,
+    SOURCE_ID_BASE,
     TURN_ID_STRIDE,
     RegenConfig,
     python_items,
@@ -21,6 +22,7 @@ from domino_sglang.train.regenerate import (
     regenerate,
     restore_snapshot,
     sharegpt_items,
+    source_items,
     write_snapshot,
 )
 
@@ -206,3 +208,30 @@ def test_python_prompts_ask_for_a_documented_stdlib_function_and_skip_humaneval(
     assert items[0][1] == tok.apply_chat_template([{"role": "user", "content": real[3]}],
                                                   True, True)
     assert all(len(ids) <= 300 for _, ids in python_items(tok, 10, 300))
+
+
+def test_math_prompts_are_distinct_filled_templates_reproducible_and_not_gsm8k():
+    """`regenerate --source math`: `n` distinct word problems, the same list for the same seed
+    (a prompt's index is its id), every placeholder filled, a pronoun that agrees with the
+    name, none of them a GSM8K test question; ids SOURCE_ID_BASE["math"] + index, above the
+    code prompts'."""
+    from domino_sglang.data import _MATH_TEMPLATES, gsm8k, math_problems
+
+    prompts = math_problems(300)
+    assert len(set(prompts)) == 300 and prompts == math_problems(300)
+    assert math_problems(300, seed=1) != prompts
+    assert math_problems(50) == prompts[:50]  # a longer list extends a shorter one
+    assert not any("{" in p or "}" in p for p in prompts)
+    assert len({p.split(" ")[0] for p in prompts[: len(_MATH_TEMPLATES)]}) > 10  # templates rotate
+    for p in prompts:
+        if p.startswith(("Maria ", "Aisha ", "Emma ")):
+            assert " he " not in p and " his " not in p and " him" not in p, p
+        if p.startswith(("James ", "Tom ", "Owen ")):
+            assert " she " not in p and " her " not in p, p
+    assert not set(prompts) & set(gsm8k())
+    tok = _CharTokenizer()
+    items = source_items("math", tok, 4, 10**6, first_id=2)
+    assert [i for i, _ in items] == [SOURCE_ID_BASE["math"] + k for k in range(2, 6)]
+    assert SOURCE_ID_BASE["math"] > PYTHON_ID_BASE + len(python_items(tok, None, 10**6))
+    assert items[0][1] == tok.apply_chat_template(
+        [{"role": "user", "content": math_problems()[2]}], True, True)

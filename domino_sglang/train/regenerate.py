@@ -2,8 +2,9 @@
 
 Drafters learn what the TARGET would say, so responses are regenerated (greedy by default) rather
 than taken from the dataset. A prompt is a conversation's first user turn, or (`turn` > 1) the
-conversation up to a later user turn with the dataset's answers in between; or (`python_items`)
-a code-completion request for a documented standard-library function (data.python_functions).
+conversation up to a later user turn with the dataset's answers in between; or (`source_items`)
+a code-completion request for a documented standard-library function (data.python_functions)
+or a templated grade-school word problem (data.math_problems).
 Prompts are tokenised with the target's chat template exactly as SGLang's OpenAI chat endpoint does
 (`apply_chat_template(add_generation_prompt=True)`; SmolLM2 has no thinking mode) and sent as
 `input_ids` to the native `/generate`, which returns the generated ids, so no re-tokenisation can
@@ -46,8 +47,9 @@ class RegenConfig:
 # A later turn's id: (turn - 1) * TURN_ID_STRIDE + the conversation's index, so first turns keep
 # their ids (< 17,671 conversations) and a stage's `max_id` below the stride excludes later turns.
 TURN_ID_STRIDE = 100_000
-# Prompts from other sources than ShareGPT start at this id (python_items: + the function's index).
-PYTHON_ID_BASE = 1_000_000
+# Prompts from other sources than ShareGPT: each source's first id (+ the prompt's index).
+SOURCE_ID_BASE = {"python": 1_000_000, "math": 2_000_000}
+PYTHON_ID_BASE = SOURCE_ID_BASE["python"]
 
 
 def chat_prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
@@ -200,21 +202,29 @@ def sharegpt_items(tokenizer, limit: int | None, max_prompt_tokens: int, first_i
     return out
 
 
-def python_items(tokenizer, limit: int | None, max_prompt_tokens: int, first_id: int = 0
-                 ) -> list[tuple[int, list[int]]]:
-    """(prompt id, chat prompt ids) of the standard-library code prompts (data.python_functions)
-    from index `first_id` on, at most `limit` of them, skipping prompts over the length cap; id
-    PYTHON_ID_BASE + index, so they sort after every ShareGPT turn (and are a stage's held-out
-    records when it trains on them)."""
-    from domino_sglang.data import python_functions
+def source_items(source: str, tokenizer, limit: int | None, max_prompt_tokens: int,
+                 first_id: int = 0) -> list[tuple[int, list[int]]]:
+    """(prompt id, chat prompt ids) of a prompt source beside ShareGPT ("python":
+    data.python_functions, "math": data.math_problems) from index `first_id` on, at most
+    `limit` of them, skipping prompts over the length cap; id SOURCE_ID_BASE[source] + index,
+    so they sort after every ShareGPT turn (and are a stage's held-out records when it trains on
+    them)."""
+    from domino_sglang import data
 
+    prompts = {"python": data.python_functions, "math": data.math_problems}[source]()
     out = []
-    for i, prompt in enumerate(python_functions()):
+    for i, prompt in enumerate(prompts):
         if i < first_id:
             continue
         ids = chat_prompt_ids(tokenizer, prompt)
         if len(ids) <= max_prompt_tokens:
-            out.append((PYTHON_ID_BASE + i, ids))
+            out.append((SOURCE_ID_BASE[source] + i, ids))
             if limit is not None and len(out) >= limit:
                 break
     return out
+
+
+def python_items(tokenizer, limit: int | None, max_prompt_tokens: int, first_id: int = 0
+                 ) -> list[tuple[int, list[int]]]:
+    """source_items("python", ...): the standard-library code prompts."""
+    return source_items("python", tokenizer, limit, max_prompt_tokens, first_id)
