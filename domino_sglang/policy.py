@@ -72,7 +72,13 @@ where t is the wall time from one decode round's start to the next's (what a rou
 the scheduler's own work included; a prefill in between voids the sample) and t_plain(bs) the
 low median of the last PLAIN_WINDOW plain rounds' times at that batch size (bucketed: exact to
 8, then 4 per octave; used once it has PLAIN_MIN, so a first round's one-off set-up cost does
-not count). k is the median of the last K_WINDOW samples and the prior 1 (the profile as
+not count). Plain times are kept at most one per PLAIN_SPACING rounds, and a speculating
+server times a plain round again every CAL_REFRESH rounds: a spell of consecutive plain rounds
+(the policy decoding plainly through a hard passage) on a moment the machine runs slow once
+filled the whole window and, refreshed every 512 rounds, held t_plain ~15 % high and k at 0.40
+where the rounds said ~0.75 for hundreds of rounds; now it is a couple of the window's times,
+outvoted within a few refreshes, at the price of one plain round in 96 (~0.3 % of the
+throughput at c = 1). k is the median of the last K_WINDOW samples and the prior 1 (the profile as
 measured), clamped to [K_MIN, K_MAX]. A median, not a mean: on a noisy machine t / t_plain - 1
 of a cheap round can come out near 0 or negative, and a GC pause makes one huge; neither moves
 a median much. One k serves every batch size: where the profile's error depends on bs (the fp32
@@ -112,9 +118,10 @@ PROBE_BUDGET = 0.02
 PROBE_LEN = 2
 K_MIN, K_MAX = 1 / 16, 16.0  # the range of k
 K_WINDOW = 31  # k samples kept: k is their median (and the prior 1's)
-PLAIN_WINDOW, PLAIN_MIN = 5, 3  # plain-round times kept per bucket; needed before use
+PLAIN_WINDOW, PLAIN_MIN = 9, 3  # plain-round times kept per bucket; needed before use
+PLAIN_SPACING = 8  # rounds between two plain times kept (a spell of plain rounds gives a few)
 CAL_MIN_GAP = 32  # rounds between two calibration rounds (plain rounds while speculating)
-CAL_REFRESH = 512  # rounds after which a batch size's plain time is measured again
+CAL_REFRESH = 96  # rounds after which a batch size's plain time is measured again
 
 
 @dataclass(frozen=True)
@@ -244,7 +251,7 @@ class CostCalibration:
 
     samples: deque = field(default_factory=lambda: deque(maxlen=K_WINDOW))  # of k
     plain: dict[int, deque] = field(default_factory=dict)  # bucket -> last plain-round seconds
-    plain_at: dict[int, int] = field(default_factory=dict)  # bucket -> round of its last one
+    plain_at: dict[int, int] = field(default_factory=dict)  # bucket -> round of its last kept
     rounds: int = 0  # timed rounds so far
 
     @property
@@ -265,8 +272,9 @@ class CostCalibration:
         self.rounds += 1
         bucket = bs_bucket(bs)
         if draft_len <= 1:
-            self.plain.setdefault(bucket, deque(maxlen=PLAIN_WINDOW)).append(seconds)
-            self.plain_at[bucket] = self.rounds
+            if self.rounds - self.plain_at.get(bucket, -PLAIN_SPACING) >= PLAIN_SPACING:
+                self.plain.setdefault(bucket, deque(maxlen=PLAIN_WINDOW)).append(seconds)
+                self.plain_at[bucket] = self.rounds
             return
         plain, overhead = self.plain_time(bs), cost(bs, draft_len) - 1.0
         if plain is not None and overhead > 0.0:
