@@ -181,6 +181,8 @@ train-drafter: regenerate
 	$(call next_stage,$(RECIPE19),$(RUN_DIR19),$(RUN_DIR18))
 	mkdir -p $(RUN_DIR21) && cp -n $(RUN_DIR19)/draft_vocab.json $(RUN_DIR21)/
 	$(call next_stage,$(RECIPE21),$(RUN_DIR21),$(RUN_DIR19))
+	mkdir -p $(RUN_DIR22) && cp -n $(RUN_DIR21)/draft_vocab.json $(RUN_DIR22)/
+	$(call next_stage,$(RECIPE22),$(RUN_DIR22),$(RUN_DIR21))
 
 # Stage 4 (not shipped: see its recipe): continues stage 3 on 2.5x the data, then compares the two
 # on answers no stage saw (ShareGPT ids 3401..3800).
@@ -230,7 +232,8 @@ train-stage21: data
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
 		--max-tokens 128 $(RUN_DIR19)/drafter $(RUN_DIR21)/drafter
 
-# Stage 22 alone: stage 21 continued with the templated math answers (`regenerate --source math`)
+# Stage 22 alone (the shipped drafter since 2026-11-28; `make train-drafter` ends with it): stage 21
+# continued with the templated math answers (`regenerate --source math`)
 # added to the code answers, both oversampled; stage 21's feature cache is linked in when present.
 train-stage22: data
 	mkdir -p $(RUN_DIR22) && cp -n $(RUN_DIR21)/draft_vocab.json $(RUN_DIR22)/
