@@ -14,7 +14,8 @@ USERS   ?= 4
 DURATION ?= 60s
 
 .PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean data data-snapshot regenerate \
-	train-drafter train-stage4 train-stage6 train-stage17 train-stage20 train-stage21 train-stage22
+	train-drafter train-stage4 train-stage6 train-stage17 train-stage20 train-stage21 train-stage22 \
+	train-stage23
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -116,6 +117,8 @@ RECIPE21   ?= domino_sglang/train/recipes/smollm2-135m-stage21.toml
 RUN_DIR21  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage21
 RECIPE22   ?= domino_sglang/train/recipes/smollm2-135m-stage22.toml
 RUN_DIR22  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage22
+RECIPE23   ?= domino_sglang/train/recipes/smollm2-135m-stage23.toml
+RUN_DIR23  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage23
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 # $(call next_stage,RECIPE,RUN_DIR,INIT_RUN_DIR): train a stage from the previous one's drafter,
@@ -243,6 +246,18 @@ train-stage22: data
 		--init $(RUN_DIR21)/drafter
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
 		--max-tokens 128 $(RUN_DIR21)/drafter $(RUN_DIR22)/drafter
+
+# Stage 23 (the capacity experiment, see its recipe): stage 22 grown by a fifth decoder layer on
+# stage 22's data; stage 22's feature cache is linked in when present (features do not depend on
+# the drafter's depth).
+train-stage23: data
+	mkdir -p $(RUN_DIR23) && cp -n $(RUN_DIR22)/draft_vocab.json $(RUN_DIR23)/
+	if [ -d $(RUN_DIR22)/features ] && [ ! -d $(RUN_DIR23)/features ]; then \
+		cp -al $(RUN_DIR22)/features $(RUN_DIR23)/features; fi
+	$(BIN)/domino-sglang train --config $(RECIPE23) --data $(REGEN_DATA) --out $(RUN_DIR23) \
+		--init $(RUN_DIR22)/drafter
+	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
+		--max-tokens 128 $(RUN_DIR22)/drafter $(RUN_DIR23)/drafter
 
 clean:
 	rm -rf $(VENV)
