@@ -153,7 +153,8 @@ class DominoMetrics:
         self.cost_scale = Gauge(
             PREFIX + "cost_scale",
             "Calibrated k: how many times the cost profile's speculative overhead this server's "
-            "rounds really take (policy.py; 1 = as profiled).", names, registry=registry,
+            "rounds really take, at the batch size of the last timed round (policy.py; 1 = as "
+            "profiled).", names, registry=registry,
             multiprocess_mode="mostrecent")
 
         # Children created up front so every series exists (at 0) from the first scrape.

@@ -81,8 +81,16 @@ outvoted within a few refreshes, at the price of one plain round in 96 (~0.3 % o
 throughput at c = 1). k is the median of the last K_WINDOW samples and the prior 1 (the profile as
 measured), clamped to [K_MIN, K_MAX]. A median, not a mean: on a noisy machine t / t_plain - 1
 of a cheap round can come out near 0 or negative, and a GC pause makes one huge; neither moves
-a median much. One k serves every batch size: where the profile's error depends on bs (the fp32
-fit: over at bs 1, under at bs 16), the window makes k follow the current load. A plainly
+a median much. k is kept per batch-size bucket (the buckets of the plain times), because the
+profile's error depends on bs: the fp32 fit is over at bs 1 and under at bs 16, and the shipped
+bf16 drafter on the AMD EPYC pays k ~0.7 at bs 1-2 and ~1.0-1.2 at bs 4-8 (debug round times,
+2026-11-28: L = 3 is 1.33 plain rounds at bs 1 and 2, L = 2 is 1.5 at bs 4 and 8). One k for
+every bs, learned at low load, was carried to a load jump: the first c = 8 run after c = 4
+speculated at a loss (0.87x AR, benchmarks/results/throughput_stage22_c148_r5.md) until bs 8's
+own samples outvoted it. A bucket with fewer than K_OWN_MIN samples of its own uses
+max(1, k of the last K_WINDOW samples of any bucket): the profile as measured, or more where
+the machine pays more elsewhere, never less (a new load is priced cautiously: plain decoding
+until its probes say otherwise, not a speculation that may lose). A plainly
 decoding server learns k from its probes; a speculating one runs a plain round (a calibration
 round) when its batch size has too few or no fresh plain times, at most one every CAL_MIN_GAP
 rounds. DOMINO_CALIBRATE=0 keeps k = 1 (the profile as measured).
@@ -117,7 +125,8 @@ MARGIN = 0.02
 PROBE_BUDGET = 0.02
 PROBE_LEN = 2
 K_MIN, K_MAX = 1 / 16, 16.0  # the range of k
-K_WINDOW = 31  # k samples kept: k is their median (and the prior 1's)
+K_WINDOW = 31  # k samples kept per bucket: k is their median (and the prior 1's)
+K_OWN_MIN = 5  # a bucket's own samples needed before its k is used (else the cautious fallback)
 PLAIN_WINDOW, PLAIN_MIN = 9, 3  # plain-round times kept per bucket; needed before use
 PLAIN_SPACING = 8  # rounds between two plain times kept (a spell of plain rounds gives a few)
 CAL_MIN_GAP = 32  # rounds between two calibration rounds (plain rounds while speculating)
@@ -249,15 +258,22 @@ class CostCalibration:
     """k, how many times the profile's speculative overhead this machine really pays, learned
     from round times (module docstring, "Calibration")."""
 
-    samples: deque = field(default_factory=lambda: deque(maxlen=K_WINDOW))  # of k
+    samples: dict[int, deque] = field(default_factory=dict)  # bucket -> last k samples
+    recent: deque = field(default_factory=lambda: deque(maxlen=K_WINDOW))  # any bucket's
     plain: dict[int, deque] = field(default_factory=dict)  # bucket -> last plain-round seconds
     plain_at: dict[int, int] = field(default_factory=dict)  # bucket -> round of its last kept
     rounds: int = 0  # timed rounds so far
 
-    @property
-    def scale(self) -> float:
-        """The median of the k samples and the prior 1, within [K_MIN, K_MAX]."""
-        return min(max(statistics.median([1.0, *self.samples]), K_MIN), K_MAX)
+    def scale(self, bs: int) -> float:
+        """k at this batch size, within [K_MIN, K_MAX]: the median of its bucket's samples and
+        the prior 1 once the bucket has K_OWN_MIN samples; before, max(1, the median of the
+        recent samples of any bucket and the prior 1)."""
+        own = self.samples.get(bs_bucket(bs), ())
+        if len(own) >= K_OWN_MIN:
+            k = statistics.median([1.0, *own])
+        else:
+            k = max(1.0, statistics.median([1.0, *self.recent]))
+        return min(max(k, K_MIN), K_MAX)
 
     def plain_time(self, bs: int) -> float | None:
         """Seconds of a plain round at this batch size: the low median of the bucket's last
@@ -278,7 +294,9 @@ class CostCalibration:
             return
         plain, overhead = self.plain_time(bs), cost(bs, draft_len) - 1.0
         if plain is not None and overhead > 0.0:
-            self.samples.append((seconds / plain - 1.0) / overhead)
+            k = (seconds / plain - 1.0) / overhead
+            self.samples.setdefault(bucket, deque(maxlen=K_WINDOW)).append(k)
+            self.recent.append(k)
 
     def needs_plain(self, bs: int) -> bool:
         """Whether a speculating server should time a plain round at this batch size: rounds
@@ -338,7 +356,7 @@ class SpeculationPolicy:
             return self.block
         self._rounds += 1
         self.calibrating = False
-        cost = self.effective_cost
+        cost = self.effective_cost(bs)
         chosen = choose_draft_len(bs, self.stats.alpha, self.block, cost=cost)
         if chosen > 1:
             self._plain_rounds = 0
@@ -366,7 +384,7 @@ class SpeculationPolicy:
         whole copy with the policy off."""
         if not self.enabled:
             return 1 + longest
-        cost = self.effective_cost
+        cost = self.effective_cost(bs)
         no_draft = CostModel(0.0, cost.slope_0, cost.slope_per_req)
         alpha = self.lookup_stats.alpha
         for draft_len in range(1 + longest, 1, -1):  # the longest chain that still pays
@@ -380,12 +398,11 @@ class SpeculationPolicy:
             self.lookup_stats.update(sum(a1 - 1 for a1 in accept_lens),
                                      sum(min(a1, draft_len - 1) for a1 in accept_lens))
 
-    @property
-    def effective_cost(self) -> CostModel:
-        """The profile with its speculative overhead scaled by the calibrated k."""
+    def effective_cost(self, bs: int) -> CostModel:
+        """The profile with its speculative overhead scaled by the calibrated k at this bs."""
         if self.calibration is None:
             return self.cost
-        return self.cost.scaled(self.calibration.scale)
+        return self.cost.scaled(self.calibration.scale(bs))
 
     def observe_time(self, bs: int, draft_len: int, seconds: float) -> None:
         """A round of bs requests verifying draft_len tokens took `seconds`, from its start to

@@ -439,25 +439,29 @@ class DominoWorker(BaseSpecWorker):
         if self._last_round is not None:
             bs, block, started, kind, context = self._last_round
             if logger.isEnabledFor(logging.DEBUG):  # `-- --log-level debug`
-                logger.debug("DOMINO round %s bs %d L %d context %d %.2f ms", kind, bs, block,
-                             context, 1e3 * (now - started))
+                calibration = self.policy.calibration
+                logger.debug("DOMINO round %s bs %d L %d context %d %.2f ms k %.2f alpha %.2f",
+                             kind, bs, block, context, 1e3 * (now - started),
+                             calibration.scale(bs) if calibration else 1.0, self.policy.stats.alpha)
             if not kind.startswith("copy"):
                 self.policy.observe_time(bs, block, now - started)
-                self.report_cost_scale(now)
+                self.report_cost_scale(bs, now)
         return now
 
-    def report_cost_scale(self, now: float) -> None:
-        """Export the calibrated k; log it when it moved by 10 % (at most once a minute)."""
+    def report_cost_scale(self, bs: int, now: float) -> None:
+        """Export the calibrated k at the batch size of the round just timed; log it when it
+        moved by 10 % (at most once a minute)."""
         calibration = self.policy.calibration
         if calibration is None or not self.policy.enabled:
             return
-        k = calibration.scale
+        k = calibration.scale(bs)
         self.metrics.record_cost_scale(k)
         logged, at = self._logged_scale
         if abs(k - logged) > 0.1 * logged and now - at > 60.0:
             self._logged_scale = (k, now)
             logger.info("DOMINO cost calibration: this machine pays %.2fx the profile's "
-                        "speculative overhead (%d rounds timed)", k, calibration.rounds)
+                        "speculative overhead at bs %d (%d rounds timed)", k, bs,
+                        calibration.rounds)
 
     def record_fallbacks(self, bs: int, block: int, capped: torch.Tensor | None) -> None:
         """Request-rounds decoded without speculation, by reason: `one_token_requests` (capped
