@@ -58,9 +58,19 @@ low load on every profile and learns the drafter's real alpha from real rounds w
 rounds; a prior that started it plain (0.5 on the fp32 profile) would leave a good drafter to be
 found only by the sparse probes below (one judged draft per request per probe). While the
 policy decodes plainly it probes the drafter with the cheapest speculative round (L = 2, which
-measures alpha directly), spaced so probes cost at most PROBE_BUDGET of the plain rounds' time:
-    probe every ceil((cost(bs, 2) - 1) / PROBE_BUDGET) plain rounds,
+measures alpha directly), spaced so probes cost at most PROBE_BUDGET of the plain rounds' time,
+and more often near the break-even alpha, where a probe costs nearly nothing beyond the 1 + alpha
+tokens it commits: probe every
+    ceil(min((cost(bs, 2) - 1) / PROBE_BUDGET, (cost(bs, 2) - E(2)) / NEAR_BUDGET)) plain rounds,
 and never when even a perfect drafter (alpha = 1) could not beat plain decoding at this bs.
+Why the second term: the estimate that switched speculation off moves only with probes, so a
+few hard requests could leave it just under break-even for good. At c = 2 the shipped drafter
+sped the first run of 8 requests up 1.13-1.36x and then, entering the next run with the last
+(hard) requests' alpha, decoded the same 8 requests plainly (tau 1.19, 0.95-1.0x AR;
+throughput_bucket_k_ab, 2026-11-28) with one probe per ~18 plain rounds of 2 judged drafts.
+Near break-even a probe loses ~cost(bs, 2) - E(2) ~ 0 plain rounds, so probing often there is
+free, and the estimate climbs back within a few dozen rounds when the drafter is good again
+(expected probe loss still under NEAR_BUDGET of plain time if alpha is right).
 
 Calibration (`CostCalibration`): a profile measured on one CPU is off on another (an AVX2-only
 EPYC ran L = 2 at 1.53 plain steps where the cpu-fp32 profile says 1.72), a linear fit is off at
@@ -122,7 +132,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 MARGIN = 0.02
-PROBE_BUDGET = 0.02
+PROBE_BUDGET = 0.02  # a probe's gross overhead per plain round's time
+NEAR_BUDGET = 0.005  # its expected loss (beyond the tokens it commits) per plain round's time
 PROBE_LEN = 2
 K_MIN, K_MAX = 1 / 16, 16.0  # the range of k
 K_WINDOW = 31  # k samples kept per bucket: k is their median (and the prior 1's)
@@ -207,11 +218,15 @@ def choose_draft_len(bs: int, alpha: float, block: int, margin: float = MARGIN,
     return best
 
 
-def probe_interval(bs: int, block: int, cost: CostModel = DEFAULT_COST) -> int | None:
-    """Plain rounds between two probes at batch size bs (None: never worth probing)."""
+def probe_interval(bs: int, block: int, cost: CostModel = DEFAULT_COST,
+                   alpha: float = 0.0) -> int | None:
+    """Plain rounds between two probes at batch size bs, the drafter's estimated acceptance
+    being alpha (None: never worth probing; module docstring)."""
     if choose_draft_len(bs, 1.0, block, cost=cost) == 1:
         return None
-    return math.ceil((cost(bs, PROBE_LEN) - 1.0) / PROBE_BUDGET)
+    gross = cost(bs, PROBE_LEN) - 1.0  # plain rounds' time a probe adds
+    loss = cost(bs, PROBE_LEN) - expected_tokens(alpha, PROBE_LEN)  # ... net of what it commits
+    return max(1, math.ceil(min(gross / PROBE_BUDGET, loss / NEAR_BUDGET)))
 
 
 @dataclass
@@ -367,7 +382,7 @@ class SpeculationPolicy:
                 return 1  # calibration round: time a plain round at this batch size
             return chosen
         self._plain_rounds += 1
-        interval = probe_interval(bs, self.block, cost)
+        interval = probe_interval(bs, self.block, cost, self.stats.alpha)
         if interval is not None and self._plain_rounds >= interval:
             self._plain_rounds = 0
             return min(PROBE_LEN, self.block)  # probe: measure the drafter again, cheaply

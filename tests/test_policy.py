@@ -154,6 +154,49 @@ def test_probes_are_cheap_and_only_where_they_can_pay():
         assert (round_cost(bs, PROBE_LEN) - 1) / interval <= 0.02
     assert probe_interval(1, B) == 21
     assert probe_interval(10_000, B) is None  # not even a perfect drafter would pay
+    for bs in (1, 4, 16, 32):
+        for alpha in (0.0, 0.2, 0.3, 0.4, 0.5):
+            interval = probe_interval(bs, B, alpha=alpha)
+            assert interval <= probe_interval(bs, B)  # never rarer than by the overhead alone
+            # what a probe loses beyond the tokens it commits: at most 2% of plain time
+            loss = round_cost(bs, PROBE_LEN) - expected_tokens(alpha, PROBE_LEN)
+            assert loss / interval <= 0.02
+    # near break-even (bs 4: alpha ~0.43 on the shipped profile) a probe is nearly free: often
+    assert probe_interval(4, B, alpha=0.4) <= 6 < probe_interval(4, B) == 22
+
+
+def test_probes_climb_out_of_a_pessimistic_estimate():
+    # c = 2 on the short-draft profile at this machine's k (~0.65 at bs 2): a drafter right 42 %
+    # of the time pays at L = 2-3, but the estimate entering the run is 0.25 (the previous
+    # run's last requests were hard), worth 60 judged drafts: under break-even (~0.28). Probes
+    # spaced by their gross overhead only (one per 13 plain rounds) left such a server plain
+    # for hundreds of rounds (throughput_bucket_k_ab: c = 2 at 1.0x AR after a 1.13-1.36x run)
+    import random
+
+    cost = COSTS["cpu-bf16-short"].scaled(0.65)
+    truth = 0.42
+    assert choose_draft_len(2, truth, B, cost=cost) > 1
+    assert choose_draft_len(2, 0.25, B, cost=cost) == 1
+    best = max(expected_tokens(truth, n) / cost(2, n) for n in range(1, B + 1))
+    for seed in range(3):
+        rng = random.Random(seed)
+        policy = SpeculationPolicy(B, stats=AcceptanceStats(prior_alpha=0.25, prior_weight=60),
+                                   cost=cost, calibrate=False)
+        tokens = seconds = 0.0
+        for _ in range(200):
+            draft_len = policy.draft_len(2)
+            accept_lens = []
+            for _ in range(2):  # geometric acceptance, truncated at L - 1 drafts
+                a = 0
+                while a < draft_len - 1 and rng.random() < truth:
+                    a += 1
+                accept_lens.append(a + 1)
+            policy.observe(accept_lens, draft_len)
+            tokens += sum(accept_lens) / 2
+            seconds += cost(2, draft_len)
+        # committed tokens per request per plain round's time (plain decoding: 1)
+        assert tokens / seconds >= 0.9 * best, (seed, tokens / seconds, best)
+        assert policy.stats.alpha > 0.3
 
 
 def test_running_stats_switch_off_then_probe():
