@@ -15,7 +15,7 @@ DURATION ?= 60s
 
 .PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean data data-snapshot regenerate \
 	train-drafter train-stage4 train-stage6 train-stage17 train-stage20 train-stage21 train-stage22 \
-	train-stage23
+	train-stage23 train-stage24
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -119,6 +119,8 @@ RECIPE22   ?= domino_sglang/train/recipes/smollm2-135m-stage22.toml
 RUN_DIR22  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage22
 RECIPE23   ?= domino_sglang/train/recipes/smollm2-135m-stage23.toml
 RUN_DIR23  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage23
+RECIPE24   ?= domino_sglang/train/recipes/smollm2-135m-stage24.toml
+RUN_DIR24  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage24
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 # $(call next_stage,RECIPE,RUN_DIR,INIT_RUN_DIR): train a stage from the previous one's drafter,
@@ -147,6 +149,7 @@ regenerate: target data
 	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --turn 4 --limit $(REGEN_N4) --concurrency 64
 	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --source python --concurrency 64
 	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --source math --concurrency 64
+	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --source chat --concurrency 64
 
 train-drafter: regenerate
 	$(BIN)/domino-sglang train --config $(RECIPE) --data $(REGEN_DATA) --out $(RUN_DIR)
@@ -258,6 +261,18 @@ train-stage23: data
 		--init $(RUN_DIR22)/drafter
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
 		--max-tokens 128 $(RUN_DIR22)/drafter $(RUN_DIR23)/drafter
+
+# Stage 24 (the general-chat experiment, see its recipe): stage 22 continued with the templated
+# chat answers (`regenerate --source chat`) added and oversampled; stage 22's feature cache is
+# linked in when present.
+train-stage24: data
+	mkdir -p $(RUN_DIR24) && cp -n $(RUN_DIR22)/draft_vocab.json $(RUN_DIR24)/
+	if [ -d $(RUN_DIR22)/features ] && [ ! -d $(RUN_DIR24)/features ]; then \
+		cp -al $(RUN_DIR22)/features $(RUN_DIR24)/features; fi
+	$(BIN)/domino-sglang train --config $(RECIPE24) --data $(REGEN_DATA) --out $(RUN_DIR24) \
+		--init $(RUN_DIR22)/drafter
+	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
+		--max-tokens 128 $(RUN_DIR22)/drafter $(RUN_DIR24)/drafter
 
 clean:
 	rm -rf $(VENV)

@@ -335,14 +335,15 @@ def make_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("regenerate", help="answer ShareGPT prompts with the target (training data)")
     r.add_argument("--out", type=Path, required=True, help="JSONL cache (resumed if present)")
-    r.add_argument("--source", choices=("sharegpt", "python", "math"), default="sharegpt",
+    r.add_argument("--source", choices=("sharegpt", "python", "math", "chat"), default="sharegpt",
                    help="prompts: ShareGPT turns (default), code-completion requests for the "
                         "Python standard library's documented functions (ids 1000000 + index) "
-                        "or templated grade-school word problems (ids 2000000 + index)")
+                        "or templated grade-school word problems (ids 2000000 + index) or "
+                        "templated general-chat requests (ids 3000000 + index)")
     r.add_argument("--limit", type=int, default=None, help="number of prompts (default: all)")
     r.add_argument("--first-id", type=int, default=0,
                    help="start at this ShareGPT conversation index / stdlib function index / "
-                        "word problem index (default 0)")
+                        "word problem / chat request index (default 0)")
     r.add_argument("--turn", type=int, default=1,
                    help="answer each conversation's N-th user turn, the dataset's turns before it "
                         "as context (default 1; ids of turn N: (N-1) * 100000 + index)")

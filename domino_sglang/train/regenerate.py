@@ -4,7 +4,8 @@ Drafters learn what the TARGET would say, so responses are regenerated (greedy b
 than taken from the dataset. A prompt is a conversation's first user turn, or (`turn` > 1) the
 conversation up to a later user turn with the dataset's answers in between; or (`source_items`)
 a code-completion request for a documented standard-library function (data.python_functions)
-or a templated grade-school word problem (data.math_problems).
+or a templated grade-school word problem (data.math_problems), or a templated general-chat
+request (data.chat_requests).
 Prompts are tokenised with the target's chat template exactly as SGLang's OpenAI chat endpoint does
 (`apply_chat_template(add_generation_prompt=True)`; SmolLM2 has no thinking mode) and sent as
 `input_ids` to the native `/generate`, which returns the generated ids, so no re-tokenisation can
@@ -48,7 +49,7 @@ class RegenConfig:
 # their ids (< 17,671 conversations) and a stage's `max_id` below the stride excludes later turns.
 TURN_ID_STRIDE = 100_000
 # Prompts from other sources than ShareGPT: each source's first id (+ the prompt's index).
-SOURCE_ID_BASE = {"python": 1_000_000, "math": 2_000_000}
+SOURCE_ID_BASE = {"python": 1_000_000, "math": 2_000_000, "chat": 3_000_000}
 PYTHON_ID_BASE = SOURCE_ID_BASE["python"]
 
 
@@ -205,13 +206,15 @@ def sharegpt_items(tokenizer, limit: int | None, max_prompt_tokens: int, first_i
 def source_items(source: str, tokenizer, limit: int | None, max_prompt_tokens: int,
                  first_id: int = 0) -> list[tuple[int, list[int]]]:
     """(prompt id, chat prompt ids) of a prompt source beside ShareGPT ("python":
-    data.python_functions, "math": data.math_problems) from index `first_id` on, at most
+    data.python_functions, "math": data.math_problems, "chat": data.chat_requests) from index
+    `first_id` on, at most
     `limit` of them, skipping prompts over the length cap; id SOURCE_ID_BASE[source] + index,
     so they sort after every ShareGPT turn (and are a stage's held-out records when it trains on
     them)."""
     from domino_sglang import data
 
-    prompts = {"python": data.python_functions, "math": data.math_problems}[source]()
+    prompts = {"python": data.python_functions, "math": data.math_problems,
+               "chat": data.chat_requests}[source]()
     out = []
     for i, prompt in enumerate(prompts):
         if i < first_id:
