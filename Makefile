@@ -262,7 +262,7 @@ train-stage23: data
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
 		--max-tokens 128 $(RUN_DIR22)/drafter $(RUN_DIR23)/drafter
 
-# Stage 24 (the general-chat experiment, see its recipe): stage 22 continued with the templated
+# Stage 24 (the general-chat experiment, not shipped: see its recipe): stage 22 continued with the templated
 # chat answers (`regenerate --source chat`) added and oversampled; stage 22's feature cache is
 # linked in when present.
 train-stage24: data
