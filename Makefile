@@ -134,6 +134,18 @@ define next_stage
 		$(SHIPPED)/
 endef
 
+# A stage tried beside the shipped drafter (not copied into it): the previous stage's draft
+# vocabulary and feature cache (same target, same ids) linked into the new run, training, and
+# the replay comparison with the previous stage that decides shipping. $(1) recipe, $(2) run dir,
+# $(3) the previous stage's run dir.
+define try_stage
+	mkdir -p $(2) && cp -n $(3)/draft_vocab.json $(2)/
+	if [ -d $(3)/features ] && [ ! -d $(2)/features ]; then cp -al $(3)/features $(2)/features; fi
+	$(BIN)/domino-sglang train --config $(1) --data $(REGEN_DATA) --out $(2) --init $(3)/drafter
+	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
+		--max-tokens 128 $(3)/drafter $(2)/drafter
+endef
+
 # The regenerated answers are also kept in git (regenerate.py, "Snapshot"): `make data` restores
 # them into the cache, `make data-snapshot` saves the cache's records back after a regeneration.
 data: venv
@@ -228,51 +240,27 @@ train-stage20: data
 # Stage 21 alone (the shipped drafter since 2026-11-28; `make train-drafter` ends with it): stage
 # 19 continued with the stdlib code answers (`regenerate --source python`) oversampled. It was run
 # with --init = the shipped folder while that held stage 19 (git history: bb1bf70); here the init
-# is stage 19's own run. Stage 20's feature cache is linked in when present (same target, ids).
+# is stage 19's own run, whose feature cache is linked in when present (same target, ids).
 train-stage21: data
-	mkdir -p $(RUN_DIR21) && cp -n $(RUN_DIR19)/draft_vocab.json $(RUN_DIR21)/
-	if [ -d $(RUN_DIR20)/features ] && [ ! -d $(RUN_DIR21)/features ]; then \
-		cp -al $(RUN_DIR20)/features $(RUN_DIR21)/features; fi
-	$(BIN)/domino-sglang train --config $(RECIPE21) --data $(REGEN_DATA) --out $(RUN_DIR21) \
-		--init $(RUN_DIR19)/drafter
-	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
-		--max-tokens 128 $(RUN_DIR19)/drafter $(RUN_DIR21)/drafter
+	$(call try_stage,$(RECIPE21),$(RUN_DIR21),$(RUN_DIR19))
 
 # Stage 22 alone (the shipped drafter since 2026-11-28; `make train-drafter` ends with it): stage 21
 # continued with the templated math answers (`regenerate --source math`)
 # added to the code answers, both oversampled; stage 21's feature cache is linked in when present.
 train-stage22: data
-	mkdir -p $(RUN_DIR22) && cp -n $(RUN_DIR21)/draft_vocab.json $(RUN_DIR22)/
-	if [ -d $(RUN_DIR21)/features ] && [ ! -d $(RUN_DIR22)/features ]; then \
-		cp -al $(RUN_DIR21)/features $(RUN_DIR22)/features; fi
-	$(BIN)/domino-sglang train --config $(RECIPE22) --data $(REGEN_DATA) --out $(RUN_DIR22) \
-		--init $(RUN_DIR21)/drafter
-	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
-		--max-tokens 128 $(RUN_DIR21)/drafter $(RUN_DIR22)/drafter
+	$(call try_stage,$(RECIPE22),$(RUN_DIR22),$(RUN_DIR21))
 
 # Stage 23 (the capacity experiment, see its recipe): stage 22 grown by a fifth decoder layer on
 # stage 22's data; stage 22's feature cache is linked in when present (features do not depend on
 # the drafter's depth).
 train-stage23: data
-	mkdir -p $(RUN_DIR23) && cp -n $(RUN_DIR22)/draft_vocab.json $(RUN_DIR23)/
-	if [ -d $(RUN_DIR22)/features ] && [ ! -d $(RUN_DIR23)/features ]; then \
-		cp -al $(RUN_DIR22)/features $(RUN_DIR23)/features; fi
-	$(BIN)/domino-sglang train --config $(RECIPE23) --data $(REGEN_DATA) --out $(RUN_DIR23) \
-		--init $(RUN_DIR22)/drafter
-	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
-		--max-tokens 128 $(RUN_DIR22)/drafter $(RUN_DIR23)/drafter
+	$(call try_stage,$(RECIPE23),$(RUN_DIR23),$(RUN_DIR22))
 
-# Stage 24 (the general-chat experiment, not shipped: see its recipe): stage 22 continued with the templated
-# chat answers (`regenerate --source chat`) added and oversampled; stage 22's feature cache is
-# linked in when present.
+# Stage 24 (the general-chat experiment, not shipped: see its recipe): stage 22 continued with
+# the templated chat answers (`regenerate --source chat`) added and oversampled; stage 22's
+# feature cache is linked in when present.
 train-stage24: data
-	mkdir -p $(RUN_DIR24) && cp -n $(RUN_DIR22)/draft_vocab.json $(RUN_DIR24)/
-	if [ -d $(RUN_DIR22)/features ] && [ ! -d $(RUN_DIR24)/features ]; then \
-		cp -al $(RUN_DIR22)/features $(RUN_DIR24)/features; fi
-	$(BIN)/domino-sglang train --config $(RECIPE24) --data $(REGEN_DATA) --out $(RUN_DIR24) \
-		--init $(RUN_DIR22)/drafter
-	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
-		--max-tokens 128 $(RUN_DIR22)/drafter $(RUN_DIR24)/drafter
+	$(call try_stage,$(RECIPE24),$(RUN_DIR24),$(RUN_DIR22))
 
 clean:
 	rm -rf $(VENV)
