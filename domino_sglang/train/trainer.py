@@ -531,6 +531,7 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
 
     if conf.threads:
         torch.set_num_threads(conf.threads)
+    owns_group = not torch.distributed.is_initialized()  # else the caller's to end
     rank, world = _dist()
     out = Path(conf.out)
     target = Path(conf.target) if conf.target else target_dir()
@@ -657,6 +658,8 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
         log.close()
     if world > 1:
         torch.distributed.barrier()
+        if owns_group:  # a group left open can abort its process at exit (gloo, seen in CI)
+            torch.distributed.destroy_process_group()
     return out / "drafter"
 
 
