@@ -15,7 +15,7 @@ DURATION ?= 60s
 
 .PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean data data-snapshot regenerate \
 	train-drafter train-stage4 train-stage6 train-stage17 train-stage20 train-stage21 train-stage22 \
-	train-stage23 train-stage24
+	train-stage23 train-stage24 train-stage25
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -121,6 +121,8 @@ RECIPE23   ?= domino_sglang/train/recipes/smollm2-135m-stage23.toml
 RUN_DIR23  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage23
 RECIPE24   ?= domino_sglang/train/recipes/smollm2-135m-stage24.toml
 RUN_DIR24  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage24
+RECIPE25   ?= domino_sglang/train/recipes/smollm2-135m-stage25.toml
+RUN_DIR25  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage25
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 # $(call next_stage,RECIPE,RUN_DIR,INIT_RUN_DIR): train a stage from the previous one's drafter,
@@ -261,6 +263,12 @@ train-stage23: data
 # feature cache is linked in when present.
 train-stage24: data
 	$(call try_stage,$(RECIPE24),$(RUN_DIR24),$(RUN_DIR22))
+
+# Stage 25 (distillation for sampled requests, see its recipe): stage 22 continued on its own data
+# with the target's top-64 distribution mixed into the loss; stage 22's feature cache is linked in
+# (the top-k logits are computed on the way and cached beside it).
+train-stage25: data
+	$(call try_stage,$(RECIPE25),$(RUN_DIR25),$(RUN_DIR22))
 
 clean:
 	rm -rf $(VENV)

@@ -128,6 +128,49 @@ def test_draft_vocab_loss_is_the_masked_full_loss(keep):
         assert bool(outside[labels.clamp_min(0)].any()) and bool(outside[y0].any())
 
 
+def test_soft_ce_is_the_cross_entropy_to_the_renormalised_top_k():
+    """The distillation term: -sum_v p(v) log q(v), p = softmax(top-k logits / tau) over the
+    top-k tokens inside the draft vocabulary; a row with none inside contributes nothing."""
+    from domino_sglang.train.curriculum import soft_ce
+
+    g = torch.Generator().manual_seed(5)
+    v, vocab = 12, torch.tensor([0, 2, 3, 5, 7, 8, 11])
+    logits = torch.randn(3, len(vocab), generator=g)  # the drafter's, over the vocabulary
+    ids = torch.tensor([[2, 4, 7], [11, 0, 1], [1, 4, 6]])  # row 2: nothing inside
+    top = torch.tensor([[3.0, 2.0, 1.0], [1.5, 1.0, 0.5], [2.0, 1.0, 0.0]])
+    ce, ok = soft_ce(logits, ids, top, tau=0.5, vocab=vocab, vocab_size=v)
+    assert ok.tolist() == [True, True, False]
+    logq = torch.log_softmax(logits, -1)
+    p0 = torch.softmax(torch.tensor([3.0, 1.0]) / 0.5, -1)  # 2 and 7 (4 is outside)
+    assert float(ce[0]) == pytest.approx(float(-(p0[0] * logq[0, 1] + p0[1] * logq[0, 4])))
+    p1 = torch.softmax(torch.tensor([1.5, 1.0]) / 0.5, -1)  # 11 and 0
+    assert float(ce[1]) == pytest.approx(float(-(p1[0] * logq[1, 6] + p1[1] * logq[1, 0])))
+    assert float(ce[2]) == 0.0
+
+
+def test_distilling_a_one_hot_teacher_is_the_hard_loss():
+    """With the teacher's top-k all on the label (its other logits far below), the mixed loss is
+    the greedy-label loss whatever beta, first-draft blocks included; a flatter teacher is not."""
+    z, prev, labels, lm, gru, proj = _head_and_inputs(seed=6)
+    v, k = lm.shape[0], 3
+    g = torch.Generator().manual_seed(7)
+    z0, y0 = torch.randn(4, z.shape[-1], generator=g), torch.tensor([0, 3, 5, 9])
+
+    def teacher(y: torch.Tensor, gap: float):  # label first, then other tokens gap below
+        others = torch.stack([(y + j) % v for j in range(1, k)], -1)
+        ids = torch.cat((y[..., None], others), -1)
+        logits = torch.zeros(ids.shape)
+        logits[..., 1:] = -gap
+        return ids, logits
+
+    hard, _ = block_loss(z, prev, labels, lm, gru, proj, 0.3, 7.0, (z0, y0))
+    for gap, same in ((1e4, True), (1.0, False)):
+        soft = (*teacher(labels, gap), *teacher(y0, gap))
+        mixed, _ = block_loss(z, prev, labels, lm, gru, proj, 0.3, 7.0, (z0, y0), None, soft,
+                              distill=0.6, tau=1.0)
+        assert (float(mixed.detach()) == pytest.approx(float(hard.detach()), rel=1e-5)) == same
+
+
 def test_loss_decreases_on_a_tiny_run(tmp_path):
     conf = load_train_config(None, tiny_overrides(tmp_path, steps=30, log_every=5, lr=1e-2,
                                                   eval_every=30, save_every=30))
@@ -147,16 +190,17 @@ def test_loss_decreases_on_a_tiny_run(tmp_path):
     assert all(t.dtype == torch.bfloat16 for t in weights.values())
 
 
-@pytest.mark.parametrize("draft_vocab, short_blocks", [(0, 0.0), (40, 0.0), (0, 0.5)])
-def test_resume_equals_uninterrupted(tmp_path, draft_vocab, short_blocks):
+@pytest.mark.parametrize("draft_vocab, short_blocks, distill",
+                         [(0, 0.0, 0.0), (40, 0.0, 0.0), (0, 0.5, 0.0), (40, 0.0, 0.5)])
+def test_resume_equals_uninterrupted(tmp_path, draft_vocab, short_blocks, distill):
+    extra = {"draft_vocab": draft_vocab, "short_blocks": short_blocks, "distill": distill,
+             "distill_topk": 8}
     (tmp_path / "a").mkdir()
-    full = load_train_config(None, tiny_overrides(tmp_path / "a", draft_vocab=draft_vocab,
-                                                  short_blocks=short_blocks))
+    full = load_train_config(None, tiny_overrides(tmp_path / "a", **extra))
     train(full, progress=False)
 
     (tmp_path / "b").mkdir()
-    part = load_train_config(None, tiny_overrides(tmp_path / "b", draft_vocab=draft_vocab,
-                                                  short_blocks=short_blocks))
+    part = load_train_config(None, tiny_overrides(tmp_path / "b", **extra))
     train(part, progress=False, stop_at=3)  # "interrupted" right after the step-3 checkpoint
     state = torch.load(tmp_path / "b" / "run" / "checkpoint" / "state.pt", weights_only=True)
     assert state["step"] == 3
@@ -184,6 +228,13 @@ def test_resume_equals_uninterrupted(tmp_path, draft_vocab, short_blocks):
     from domino_sglang.config import load_draft_config
 
     assert load_draft_config(tmp_path / "b" / "run" / "drafter").short_draft == (short_blocks > 0)
+    # distillation caches the target's top-k beside the features (read again on resume)
+    tops = sorted((tmp_path / "b" / "run" / "features").glob("*.top8.pt"))
+    assert bool(tops) == (distill > 0)
+    if tops:
+        ids, logits = torch.load(tops[0], weights_only=True)
+        assert ids.shape == logits.shape and ids.shape[1] == 8
+        assert bool((logits[:, :-1] >= logits[:, 1:]).all())  # the k largest, in order
 
 
 def test_data_order_is_a_pure_function_of_step_and_rank():
@@ -258,6 +309,10 @@ def test_config_errors_name_the_key(tmp_path):
         load_train_config(None, {"data": "d", "out": "o", "first_anchors": -1})
     with pytest.raises(TrainConfigError, match="'compute_dtype' must be bfloat16 or float32"):
         load_train_config(None, {"data": "d", "out": "o", "compute_dtype": "float16"})
+    with pytest.raises(TrainConfigError, match="'distill' must be in"):
+        load_train_config(None, {"data": "d", "out": "o", "distill": 1.5})
+    with pytest.raises(TrainConfigError, match="'distill_temperature' must be positive"):
+        load_train_config(None, {"data": "d", "out": "o", "distill_temperature": 0.0})
     bad = tmp_path / "recipe.toml"
     bad.write_text("steps = [")
     with pytest.raises(TrainConfigError, match="cannot read config"):

@@ -18,6 +18,18 @@ With a draft vocabulary (vocab.py; token ids [Vd]) the logits are the Vd rows of
 of the head's output projection only, as the worker serves them: the softmax runs over Vd tokens,
 a label outside them is left out of the loss (it cannot be drafted) but counts as a miss in the
 accuracies. 6x fewer logit rows at Vd = 8,192 of V = 49,152.
+
+Distillation (optional, weight beta): the greedy label is only the target's argmax, but a sampled
+request accepts a draft with probability sum_v min(p, q) (1 - total variation), which only a
+drafter whose whole distribution q follows the target's p maximises. With the target's top-k
+logits at each label position (trainer.TargetFeatures.soft), every CE above becomes
+
+    CE_x = (1 - beta) * CE(x, y) + beta * sum_v -p_tau(v) log softmax(x)(v)
+    p_tau = softmax(target top-k logits / tau), renormalised over the top-k tokens inside the
+            draft vocabulary (the tail past top-k is dropped: an approximation of p)
+
+(soft-label knowledge distillation, Hinton et al. 2015; for drafters, DistillSpec, Zhou et al.
+2023, which found the target's own distribution a better teacher for speculative acceptance.)
 """
 
 from __future__ import annotations
@@ -61,6 +73,25 @@ def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tenso
     return total / count.clamp_min(1e-6)
 
 
+def soft_ce(logits: torch.Tensor, soft_ids: torch.Tensor, soft_logits: torch.Tensor,
+            tau: float, vocab: torch.Tensor | None = None, vocab_size: int = 0
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy of `logits` [.., V or Vd] against the target's top-k distribution.
+
+    soft_ids [.., k] token ids and soft_logits [.., k] the target's logits of its k most likely
+    tokens; with a draft vocabulary `vocab` [Vd] the ids outside it are dropped and p is
+    renormalised over the rest. Returns (ce [..], ok [..]): ok is False where no top-k token is
+    in the vocabulary (ce is 0 there).
+    """
+    idx = soft_ids if vocab is None else vocab_labels(soft_ids, vocab, vocab_size)  # [.., k]
+    inside = idx != IGNORE
+    z = (soft_logits.float() / tau).masked_fill(~inside, float("-inf"))
+    ok = inside.any(-1)
+    p = torch.softmax(z.masked_fill(~ok[..., None], 0.0), -1) * inside  # [.., k]
+    logq = torch.log_softmax(logits.float(), -1).gather(-1, idx.clamp_min(0))  # [.., k]
+    return -(p * logq).sum(-1) * ok, ok
+
+
 def head_correction(prefix_gru: nn.GRU, embed_proj: nn.Sequential, z: torch.Tensor,
                     prev_embeds: torch.Tensor, vocab: torch.Tensor | None = None
                     ) -> torch.Tensor:
@@ -90,7 +121,8 @@ def block_loss(z: torch.Tensor, prev_embeds: torch.Tensor, labels: torch.Tensor,
                lm_head_weight: torch.Tensor, prefix_gru: nn.GRU, embed_proj: nn.Sequential,
                lam: float, gamma: float,
                first: tuple[torch.Tensor, torch.Tensor] | None = None,
-               vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+               vocab: torch.Tensor | None = None, soft: tuple | None = None,
+               distill: float = 0.0, tau: float = 1.0) -> tuple[torch.Tensor, dict]:
     """The curriculum loss of N blocks and its per-position accuracies.
 
     z [N, P, H] (P = B-1 label positions), prev_embeds [N, P, H], labels [N, P] (token ids).
@@ -98,6 +130,9 @@ def block_loss(z: torch.Tensor, prev_embeds: torch.Tensor, labels: torch.Tensor,
     corrects the first draft), so they enter both CE terms with weight w_0 = 1 and cost one
     lm_head row each instead of P.
     vocab: the draft vocabulary [Vd] (token ids; None = all V): logits over it only.
+    soft = (ids [N, P, k], logits [N, P, k], ids0 [M, k], logits0 [M, k]): the target's top-k at
+    every label (and first-only label); with distill = beta > 0 each CE mixes in the soft CE at
+    temperature tau (module docstring). Weighted and masked as the hard CE (its labels' IGNORE).
     Returns (loss, stats) with stats = base/final CE and per-position accuracy counts.
     """
     n, p, h = z.shape
@@ -111,13 +146,29 @@ def block_loss(z: torch.Tensor, prev_embeds: torch.Tensor, labels: torch.Tensor,
         first_logits = F.linear(first[0], rows).float()  # [M, V or Vd]
         extra = (F.cross_entropy(first_logits, y0, ignore_index=IGNORE, reduction="sum"),
                  (y0 != IGNORE).sum())
-    ce_base = weighted_ce(base, ys, w, extra)
+    use_soft = soft is not None and distill > 0
+    vsize = lm_head_weight.shape[0]
+
+    def ce(logits: torch.Tensor) -> torch.Tensor:  # [N, P, V or Vd] -> the mixed CE
+        hard = weighted_ce(logits, ys, w, extra)
+        if not use_soft:
+            return hard
+        ce_p, ok = soft_ce(logits, soft[0], soft[1], tau, vocab, vsize)  # [N, P]
+        wp = w[None, :] * ok * (labels != IGNORE)
+        total, count = (ce_p * wp).sum(), wp.sum()
+        if first_logits is not None:
+            ce0, ok0 = soft_ce(first_logits, soft[2], soft[3], tau, vocab, vsize)  # [M]
+            ok0 = ok0 & (first[1] != IGNORE)
+            total, count = total + (ce0 * ok0).sum(), count + ok0.sum()
+        return (1.0 - distill) * hard + distill * total / count.clamp_min(1e-6)
+
+    ce_base = ce(base)
     if lam >= 1.0:
         final, ce_final, loss = base, ce_base, ce_base
     else:
         corr = head_correction(prefix_gru, embed_proj, z, prev_embeds, vocab).float()
         final = torch.cat((base[:, :1], base[:, 1:] + corr), dim=1)  # [N, P, V or Vd]
-        ce_final = weighted_ce(final, ys, w, extra)
+        ce_final = ce(final)
         loss = (1.0 - lam) * ce_final + lam * ce_base
     valid = labels != IGNORE  # a label outside the draft vocabulary is valid: always a miss
 

@@ -90,6 +90,10 @@ class TrainConfig:
     draft_vocab: int = 0  # > 0: train over a draft vocabulary of this many tokens (vocab.py),
     #                       the most frequent answer tokens of the training records, as served:
     #                       6x fewer logit rows at 8,192; exported with the drafter. 0: all V
+    distill: float = 0.0  # beta in [0, 1]: weight of the soft CE against the target's top-k
+    #                       distribution in every CE (curriculum.py); 0 = the greedy labels only
+    distill_topk: int = 64  # target logits kept per position (cached beside the features)
+    distill_temperature: float = 1.0  # tau of the target's soft distribution
 
     def validate(self) -> TrainConfig:
         for key in ("data", "out"):
@@ -142,6 +146,13 @@ class TrainConfig:
                                    f"got {self.draft_vocab}")
         if self.max_seq_len <= self.block_size:
             raise TrainConfigError("train: 'max_seq_len' must exceed 'block_size'")
+        if not 0 <= self.distill <= 1:
+            raise TrainConfigError(f"train: 'distill' must be in [0, 1], got {self.distill}")
+        if self.distill_topk < 1:
+            raise TrainConfigError(f"train: 'distill_topk' must be >= 1, got {self.distill_topk}")
+        if not self.distill_temperature > 0:
+            raise TrainConfigError(f"train: 'distill_temperature' must be positive, "
+                                   f"got {self.distill_temperature}")
         return self
 
 
@@ -245,42 +256,76 @@ class TargetFeatures:
     """The target's hidden states of the drafter's target layers, in the serving dtype.
 
     target_layer_ids[k] = i means the OUTPUT of decoder layer i = transformers hidden_states[i+1].
-    Only layers up to max(ids)+1 are run (the later ones do not feed the drafter). The embedding
-    and lm_head are exposed frozen for the drafter (shared with the target, never trained).
+    Only layers up to max(ids)+1 are run (the later ones do not feed the drafter), unless
+    `topk` > 0: then the whole model runs and `soft(rec)` gives the target's top-k logits at
+    every position (distillation; cached beside the features). The embedding and lm_head are
+    exposed frozen for the drafter (shared with the target, never trained).
     """
 
     def __init__(self, target: str | Path, layer_ids: list[int], dtype: torch.dtype,
-                 cache_dir: Path | None = None):
+                 cache_dir: Path | None = None, topk: int = 0):
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(target), dtype=dtype)
         model.eval().requires_grad_(False)
         self.layer_ids = list(layer_ids)
-        n_keep = max(layer_ids) + 2  # keep one extra layer: the last output may be normed
-        model.model.layers = model.model.layers[: min(n_keep, len(model.model.layers))]
-        self.model = model
+        if not topk:
+            n_keep = max(layer_ids) + 2  # keep one extra layer: the last output may be normed
+            model.model.layers = model.model.layers[: min(n_keep, len(model.model.layers))]
+        self.model, self.topk = model, topk
         self.embed_weight = model.get_input_embeddings().weight.detach().float()  # [V, H]
         self.lm_head_weight = model.get_output_embeddings().weight.detach().float()  # [V, H]
         self.cache_dir = cache_dir
         if cache_dir is not None:
             cache_dir.mkdir(parents=True, exist_ok=True)
 
+    def _cached(self, rec: dict, name: str):
+        path = None if self.cache_dir is None else self.cache_dir / f"{rec['id']}{name}.pt"
+        if path is not None and path.exists():
+            value = torch.load(path, weights_only=True)
+            first = value[0] if isinstance(value, tuple) else value
+            if first.shape[0] == len(rec["ids"]):
+                return path, value
+        return path, None
+
+    @staticmethod
+    def _store(path: Path | None, value) -> None:
+        if path is not None:
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            torch.save(value, tmp)
+            tmp.replace(path)
+
     @torch.no_grad()
     def __call__(self, rec: dict) -> torch.Tensor:
         """[T, K*H] features of record `rec` (read from / written to the cache)."""
-        path = None if self.cache_dir is None else self.cache_dir / f"{rec['id']}.pt"
-        if path is not None and path.exists():
-            feats = torch.load(path, weights_only=True)
-            if feats.shape[0] == len(rec["ids"]):
-                return feats
+        path, feats = self._cached(rec, "")
+        if feats is not None:
+            return feats
         ids = torch.tensor([rec["ids"]])
+        if self.topk:  # the whole model runs anyway: keep its top-k logits too
+            return self._forward(rec)[0]
         hs = self.model.model(input_ids=ids, output_hidden_states=True).hidden_states
         feats = torch.cat([hs[i + 1][0] for i in self.layer_ids], dim=-1)  # [T, K*H]
-        if path is not None:
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            torch.save(feats.clone(), tmp)
-            tmp.replace(path)
+        self._store(path, feats.clone())
         return feats
+
+    @torch.no_grad()
+    def soft(self, rec: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's top-k at every position of `rec`: (token ids [T, k] int32, logits
+        [T, k] in the feature dtype); row t is the distribution of the token after x_t."""
+        _, soft = self._cached(rec, f".top{self.topk}")
+        return soft if soft is not None else self._forward(rec)[1]
+
+    def _forward(self, rec: dict) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        out = self.model(input_ids=torch.tensor([rec["ids"]]), output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[i + 1][0] for i in self.layer_ids], dim=-1)
+        top = out.logits[0].topk(self.topk, dim=-1)  # [T, k]
+        soft = (top.indices.int(), top.values.to(feats.dtype))
+        path, cached = self._cached(rec, "")
+        if cached is None:
+            self._store(path, feats.clone())
+        self._store(self._cached(rec, f".top{self.topk}")[0], soft)
+        return feats, soft
 
 
 # ---- the model under training ----
@@ -297,15 +342,18 @@ class DrafterTrainModule(nn.Module):
         # run over it (None: the full vocabulary)
         self.draft_vocab = draft_vocab
 
-    def forward(self, items: list[tuple], lam: float, gamma: float
+    def forward(self, items: list[tuple], lam: float, gamma: float,
+                soft: list[tuple] | None = None, distill: float = 0.0, tau: float = 1.0
                 ) -> tuple[torch.Tensor, dict]:
         """items: (ids [T], features [T, K*H], anchors[, first-draft-only anchors[, draft
         lengths [n]]]) per sequence; all of a sequence's blocks are drafted in one backbone
-        pass."""
+        pass. soft: per sequence the target's top-k (ids [T, k], logits [T, k]) for the
+        distillation term of weight `distill` at temperature `tau` (curriculum.py)."""
         conf = self.drafter.conf
         B, P = conf.block_size, conf.block_size - 1
         zs, prevs, labels, z0s, y0s = [], [], [], [], []
-        for ids, feats, anchors, *rest in items:
+        tops: list[list[torch.Tensor]] = [[], [], [], []]  # ids, logits; position-0 ids, logits
+        for j, (ids, feats, anchors, *rest) in enumerate(items):
             first = rest[0] if rest else []
             lengths = rest[1] if len(rest) > 1 else None
             z, prev, lab = self._blocks(ids, feats, list(anchors) + list(first), B, lengths)
@@ -315,11 +363,20 @@ class DrafterTrainModule(nn.Module):
             labels.append(lab[:n])
             z0s.append(z[n:, 0])  # [m, H]
             y0s.append(lab[n:, 0])  # [m]
+            if soft is not None:  # label at x_{a+k+1}: the target's row after x_{a+k}
+                rows = (torch.tensor(list(anchors) + list(first))[:, None]
+                        + torch.arange(P)).clamp(max=len(ids) - 1)  # [n+m, P]
+                top_ids, top_logits = soft[j][0][rows].long(), soft[j][1][rows]  # [n+m, P, k]
+                tops[0].append(top_ids[:n])
+                tops[1].append(top_logits[:n])
+                tops[2].append(top_ids[n:, 0])
+                tops[3].append(top_logits[n:, 0])
         z, prev, lab = torch.cat(zs), torch.cat(prevs), torch.cat(labels)  # [N, P, ..]
         assert z.shape[1] == P
         return block_loss(z, prev, lab, self.lm_head_weight, self.drafter.prefix_gru,
                           self.drafter.embed_proj, lam, gamma, (torch.cat(z0s), torch.cat(y0s)),
-                          self.draft_vocab)
+                          self.draft_vocab, tuple(torch.cat(t) for t in tops)
+                          if soft is not None else None, distill, tau)
 
     def _blocks(self, ids: torch.Tensor, feats: torch.Tensor, anchors: list[int], B: int,
                 lengths: torch.Tensor | None = None):
@@ -570,7 +627,8 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
     dconf = load_draft_config(seed_dir)
     drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).train()
     feats = TargetFeatures(target, list(dconf.target_layer_ids), getattr(torch, conf.feature_dtype),
-                           out / "features" if conf.feature_cache else None)
+                           out / "features" if conf.feature_cache else None,
+                           conf.distill_topk if conf.distill else 0)
     vocab = (load_draft_vocab(out, dconf.vocab_size, honour_env=False) if conf.draft_vocab
              else None)  # [Vd] token ids
     export = {VOCAB_FILE: (out / VOCAB_FILE).read_text()} if vocab is not None else None
@@ -605,7 +663,7 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
         lam = lambda_at(step, conf.steps, conf.lambda_decay_frac)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, conf)
-        items = []
+        items, soft = [], [] if conf.distill else None
         for idx in step_records(len(pool), step, conf.batch_size, rank, world, conf.seed):
             rec = train_recs[pool[idx]]
             g = torch.Generator().manual_seed(conf.seed * 1_000_003 + step * 7919 + rec["id"])
@@ -616,9 +674,12 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
                 item += (sample_draft_lengths(len(anchors) + len(first), conf.block_size,
                                               conf.short_blocks, g),)
             items.append(item)
+            if soft is not None:
+                soft.append(feats.soft(rec))
         with torch.autocast(next(drafter.parameters()).device.type, dtype=torch.bfloat16,
                             enabled=conf.compute_dtype == "bfloat16"):
-            loss, st = ddp(items, lam, conf.gamma)
+            loss, st = ddp(items, lam, conf.gamma, soft, conf.distill,
+                           conf.distill_temperature)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), conf.grad_clip)
