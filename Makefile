@@ -15,7 +15,7 @@ DURATION ?= 60s
 
 .PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean data data-snapshot regenerate \
 	train-drafter train-stage4 train-stage6 train-stage17 train-stage20 train-stage21 train-stage22 \
-	train-stage23 train-stage24 train-stage25
+	train-stage23 train-stage24 train-stage25 train-stage26
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -123,6 +123,8 @@ RECIPE24   ?= domino_sglang/train/recipes/smollm2-135m-stage24.toml
 RUN_DIR24  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage24
 RECIPE25   ?= domino_sglang/train/recipes/smollm2-135m-stage25.toml
 RUN_DIR25  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage25
+RECIPE26   ?= domino_sglang/train/recipes/smollm2-135m-stage26.toml
+RUN_DIR26  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage26
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 # $(call next_stage,RECIPE,RUN_DIR,INIT_RUN_DIR): train a stage from the previous one's drafter,
@@ -203,6 +205,10 @@ train-drafter: regenerate
 	$(call next_stage,$(RECIPE21),$(RUN_DIR21),$(RUN_DIR19))
 	mkdir -p $(RUN_DIR22) && cp -n $(RUN_DIR21)/draft_vocab.json $(RUN_DIR22)/
 	$(call next_stage,$(RECIPE22),$(RUN_DIR22),$(RUN_DIR21))
+	mkdir -p $(RUN_DIR25) && cp -n $(RUN_DIR22)/draft_vocab.json $(RUN_DIR25)/
+	$(call next_stage,$(RECIPE25),$(RUN_DIR25),$(RUN_DIR22))
+	mkdir -p $(RUN_DIR26) && cp -n $(RUN_DIR25)/draft_vocab.json $(RUN_DIR26)/
+	$(call next_stage,$(RECIPE26),$(RUN_DIR26),$(RUN_DIR25))
 
 # Stage 4 (not shipped: see its recipe): continues stage 3 on 2.5x the data, then compares the two
 # on answers no stage saw (ShareGPT ids 3401..3800).
@@ -246,7 +252,7 @@ train-stage20: data
 train-stage21: data
 	$(call try_stage,$(RECIPE21),$(RUN_DIR21),$(RUN_DIR19))
 
-# Stage 22 alone (the shipped drafter since 2026-11-28; `make train-drafter` ends with it): stage 21
+# Stage 22 alone (shipped 2026-11-28 until stage 26; `make train-drafter` goes on from it): stage 21
 # continued with the templated math answers (`regenerate --source math`)
 # added to the code answers, both oversampled; stage 21's feature cache is linked in when present.
 train-stage22: data
@@ -264,11 +270,15 @@ train-stage23: data
 train-stage24: data
 	$(call try_stage,$(RECIPE24),$(RUN_DIR24),$(RUN_DIR22))
 
-# Stage 25 (distillation for sampled requests, see its recipe): stage 22 continued on its own data
-# with the target's top-64 distribution mixed into the loss; stage 22's feature cache is linked in
-# (the top-k logits are computed on the way and cached beside it).
+# Stages 25 and 26 alone (distillation; stage 26 is the shipped drafter since 2026-11-28 and
+# `make train-drafter` ends with both): stage 22 continued on its own data with the target's top-64
+# distribution mixed into the loss (25), then that loss alone (26); the previous stage's feature
+# cache is linked in (the top-k logits are computed on the way and cached beside the features).
 train-stage25: data
 	$(call try_stage,$(RECIPE25),$(RUN_DIR25),$(RUN_DIR22))
+
+train-stage26: data
+	$(call try_stage,$(RECIPE26),$(RUN_DIR26),$(RUN_DIR25))
 
 clean:
 	rm -rf $(VENV)
