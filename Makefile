@@ -15,7 +15,7 @@ DURATION ?= 60s
 
 .PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean data data-snapshot regenerate \
 	train-drafter train-stage4 train-stage6 train-stage17 train-stage20 train-stage21 train-stage22 \
-	train-stage23 train-stage24 train-stage25 train-stage26
+	train-stage23 train-stage24 train-stage25 train-stage26 train-stage27
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -125,6 +125,8 @@ RECIPE25   ?= domino_sglang/train/recipes/smollm2-135m-stage25.toml
 RUN_DIR25  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage25
 RECIPE26   ?= domino_sglang/train/recipes/smollm2-135m-stage26.toml
 RUN_DIR26  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage26
+RECIPE27   ?= domino_sglang/train/recipes/smollm2-135m-stage27.toml
+RUN_DIR27  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage27
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 # $(call next_stage,RECIPE,RUN_DIR,INIT_RUN_DIR): train a stage from the previous one's drafter,
@@ -279,6 +281,14 @@ train-stage25: data
 
 train-stage26: data
 	$(call try_stage,$(RECIPE26),$(RUN_DIR26),$(RUN_DIR25))
+
+# Stage 27 (distillation over the chat answers too, see its recipe): starts from the shipped drafter
+# (stage 26's weights), so it needs no earlier run on this machine; features are computed on the way.
+train-stage27: data
+	mkdir -p $(RUN_DIR27) && cp -n $(SHIPPED)/draft_vocab.json $(RUN_DIR27)/
+	$(BIN)/domino-sglang train --config $(RECIPE27) --data $(REGEN_DATA) --out $(RUN_DIR27) --init $(SHIPPED)
+	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
+		--max-tokens 128 $(SHIPPED) $(RUN_DIR27)/drafter
 
 clean:
 	rm -rf $(VENV)
