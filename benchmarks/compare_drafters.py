@@ -12,7 +12,9 @@ Records are either regenerated ShareGPT answers in an id range (no server):
 
 (pick the range from the stages' recipes: `max_id`, held-out = the last `eval_records`), or the
 target's greedy answers to evaluation-set prompts (never training data), generated once through
-a plain server (`--url`, or one started here) and cached next to the training data:
+a plain server (`--url`, or one started here) and cached next to the training data; the answers
+to the first 20 prompts of each set (128 tokens) are kept in git (benchmarks/data), so every
+machine replays the same ones:
 
     python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
         --max-tokens 128 /tmp/new_drafter domino_sglang/drafters/SmolLM2-135M-Instruct-domino
@@ -41,6 +43,10 @@ from domino_sglang.train.trainer import (
 from domino_sglang.vocab import load_draft_vocab
 
 DEFAULT_DATA = Path("~/.cache/domino_sglang/data/sharegpt-greedy256.jsonl").expanduser()
+# --eval-set answers kept in git: `domino-sglang data-snapshot save --data
+# ~/.cache/domino_sglang/data/eval-mtbench-greedy128.jsonl --snapshot
+# benchmarks/data/eval-mtbench-greedy128.jsonl.gz` (and the same per set)
+EVAL_SNAPSHOTS = Path(__file__).resolve().parent / "data"
 
 
 def main() -> None:
@@ -111,25 +117,48 @@ def print_round_changes(all_rounds: dict[Path, list[int]]) -> None:
 def eval_records(name: str, limit: int, max_tokens: int, url: str | None, max_seq_len: int
                  ) -> list[dict]:
     """The target's greedy answers to the first `limit` prompts of an evaluation set, as
-    training-style records (cached: ~/.cache/domino_sglang/data/eval-NAME-greedyN.jsonl)."""
+    training-style records (cached: ~/.cache/domino_sglang/data/eval-NAME-greedyN.jsonl).
+
+    The answers kept in git (EVAL_SNAPSHOTS, regenerate.py "Snapshot") come first: a batched
+    bf16 server's greedy answers differ from machine to machine (one session's MT-Bench answers
+    replayed stage 26 at 1.611, another's at 1.739), so figures compare across sessions only on
+    the same answers. Prompts the snapshot lacks are answered by a plain server (`url`, or one
+    started here). An answer cached for another prompt (the set or the template changed) is an
+    error naming the file."""
     from transformers import AutoTokenizer
 
     from domino_sglang import data
     from domino_sglang.local_server import start_server
-    from domino_sglang.train.regenerate import RegenConfig, chat_prompt_ids, regenerate
+    from domino_sglang.train.regenerate import (
+        RegenConfig,
+        chat_prompt_ids,
+        read_records,
+        recover,
+        regenerate,
+        restore_snapshot,
+    )
 
     tok = AutoTokenizer.from_pretrained(str(target_dir()))
     items = [(i, chat_prompt_ids(tok, p)) for i, p in enumerate(data.load(name, limit))]
     out = DEFAULT_DATA.parent / f"eval-{name}-greedy{max_tokens}.jsonl"
-    conf = RegenConfig(max_new_tokens=max_tokens, concurrency=min(32, len(items)))
-    if url:
-        regenerate(url.rstrip("/"), items, out, conf, progress=False)
-    else:
+    snapshot = EVAL_SNAPSHOTS / f"{out.name}.gz"
+    if snapshot.exists():
+        restore_snapshot(snapshot, out)
+    done = recover(out)
+    todo = [item for item in items if item[0] not in done]
+    conf = RegenConfig(max_new_tokens=max_tokens, concurrency=max(1, min(32, len(todo))))
+    if todo and url:
+        regenerate(url.rstrip("/"), todo, out, conf, progress=False)
+    elif todo:
         serve = ["--no-speculation", "--model-path", str(target_dir())]
         with start_server("compare_drafters", serve, []) as server:
-            regenerate(server.url, items, out, conf, progress=False)
+            regenerate(server.url, todo, out, conf, progress=False)
+    cached = {r["id"]: r["prompt_ids"] for r in read_records(out)}
+    for i, prompt_ids in items:
+        if cached[i] != prompt_ids:
+            raise SystemExit(f"compare_drafters: {out}: answer {i} was generated for another "
+                             f"prompt than {name}'s prompt {i} (delete the file to regenerate)")
     return [r for r in load_records(out, max_seq_len) if r["id"] < limit]
-
 
 if __name__ == "__main__":
     main()

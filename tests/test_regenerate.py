@@ -274,3 +274,34 @@ def test_chat_requests_are_distinct_filled_templates_reproducible_and_not_mtbenc
     assert SOURCE_ID_BASE["chat"] > SOURCE_ID_BASE["math"] + len(math_problems())
     assert items[0][1] == tok.apply_chat_template(
         [{"role": "user", "content": chat_requests()[4]}], True, True)
+
+
+def test_eval_answers_in_git_are_replayed_without_a_server_and_checked(tmp_path, monkeypatch):
+    # compare_drafters' evaluation answers come from benchmarks/data first, so every machine
+    # replays the same ones (a batched bf16 server's greedy answers differ between machines);
+    # no server is needed for the prompts the snapshot holds (the url is a closed port), and an
+    # answer cached for another prompt is refused with the file named
+    import gzip
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import compare_drafters
+
+    monkeypatch.setattr(compare_drafters, "DEFAULT_DATA", tmp_path / "sharegpt.jsonl")
+    for name in ("mtbench", "humaneval", "gsm8k"):
+        snapshot = compare_drafters.EVAL_SNAPSHOTS / f"eval-{name}-greedy128.jsonl.gz"
+        with gzip.open(snapshot, "rt") as f:
+            kept = sorted((json.loads(line) for line in f), key=lambda r: r["id"])
+        records = compare_drafters.eval_records(name, 20, 128, "http://127.0.0.1:9", 1024)
+        assert [r["id"] for r in records] == list(range(20)) == [r["id"] for r in kept]
+        for rec, snap in zip(records, kept):  # ids = prompt + answer (load_records' layout)
+            assert rec["ids"] == snap["prompt_ids"] + snap["output_ids"]
+            assert rec["start"] == len(snap["prompt_ids"])
+    cache = tmp_path / "eval-gsm8k-greedy128.jsonl"
+    lines = cache.read_text().splitlines()
+    stale = json.loads(lines[3])
+    stale["prompt_ids"] = stale["prompt_ids"][:-1]
+    cache.write_text("\n".join(lines[:3] + [json.dumps(stale)] + lines[4:]) + "\n")
+    with pytest.raises(SystemExit, match="eval-gsm8k-greedy128.jsonl: answer"):
+        compare_drafters.eval_records("gsm8k", 20, 128, "http://127.0.0.1:9", 1024)
