@@ -4,11 +4,13 @@ One run starts a server per method (same target, dtype, threads, prompts: MT-Ben
 HumanEval round-robin) and keeps them all up (an idle server sleeps: --sleep-on-idle), then, for
 every temperature and concurrency, measures the methods back to back, in alternating order from
 one point to the next, so the machine's drift (this shared CPU's speed wanders by +-30% over tens
-of minutes) hits all methods alike. Each measurement streams `2 x concurrency` (at least 8) chat
-completions of exactly `--max-tokens` tokens (ignore_eos). Reported per point:
+of minutes) hits all methods alike. Each measurement streams `2 x concurrency` (at least
+`--min-requests`, 8) chat completions of exactly `--max-tokens` tokens (ignore_eos). Reported per
+point:
 output tokens/s, TTFT p50, mean inter-token latency, tau (committed tokens per verify round, from
 sglang:spec_verify_calls_total), k (the adaptive policy's calibrated cost scale after the point,
-`domino_cost_scale`; 1 = the profile as measured) and the speed-up over AR at the same point.
+`domino_cost_scale`; 1 = the profile as measured) and the speed-up over AR at the same point:
+the ratio of the median runs and, with --repeats > 1, the paired estimate (`paired_speedup`).
 "fixed" verifies the whole block every round (DOMINO_ADAPTIVE=0); "adaptive" lets policy.py pick
 the draft length.
 Output: benchmarks/results/<out>.json, .md (command, machine, revision, date) and .png.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from contextlib import ExitStack
@@ -61,6 +64,40 @@ METHODS: dict[str, tuple[list[str], dict[str, str]]] = {
 }
 
 
+def paired_speedup(runs: list[dict], method: str, temperature: float, concurrency: int,
+                   confidence: float = 0.9) -> dict:
+    """The speed-up of `method` over AR at one point from paired runs: each repeat measures the
+    methods back to back, so the ratio of the two runs of one repeat cancels the machine's slow
+    drift, which the ratio of medians does not. Returned: the geometric mean of the n paired
+    ratios r_i and a Student-t interval on their logs,
+        exp(mean(log r) +- t_{(1+confidence)/2, n-1} * sd(log r) / sqrt(n)),
+    and the ratios themselves."""
+    from scipy.stats import t as student_t
+
+    def by_repeat(m: str) -> dict[int, float]:
+        return {r["repeat"]: r["output_tok_s"] for r in runs
+                if (r["method"], r["temperature"], r["concurrency"]) == (m, temperature,
+                                                                          concurrency)}
+
+    mine, ar = by_repeat(method), by_repeat("ar")
+    ratios = [mine[i] / ar[i] for i in sorted(mine.keys() & ar.keys())]
+    if len(ratios) < 2:
+        raise ValueError(f"paired_speedup: {method} at T = {temperature}, c = {concurrency} "
+                         f"has {len(ratios)} run(s) paired with AR, needs 2")
+    logs = [math.log(x) for x in ratios]
+    mean, sd, n = statistics.fmean(logs), statistics.stdev(logs), len(logs)
+    half = student_t.ppf((1 + confidence) / 2, n - 1) * sd / math.sqrt(n)
+    return {"geomean": round(math.exp(mean), 3), "ci_low": round(math.exp(mean - half), 3),
+            "ci_high": round(math.exp(mean + half), 3), "confidence": confidence,
+            "ratios": [round(x, 3) for x in ratios]}
+
+
+def paired_cell(paired: dict | None) -> str:
+    if paired is None:
+        return ""
+    return f"{paired['geomean']} [{paired['ci_low']}, {paired['ci_high']}]"
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -98,6 +135,9 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=5.0,
                     help="seconds of quiet before each measurement (a server that just finished "
                          "a heavy point can keep a core busy for a moment)")
+    ap.add_argument("--min-requests", type=int, default=8,
+                    help="requests per measurement: 2 x concurrency, at least this many (short "
+                         "measurements at low concurrency are the noisiest)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="measure every point this many times (methods back to back each time); "
                          "the table reports the median run of each method")
@@ -116,8 +156,9 @@ def main() -> None:
     ap.add_argument("--out", default="throughput")
     args = ap.parse_args()
     if (min(args.concurrency) < 1 or args.max_tokens < 1 or min(args.temperatures) < 0
-            or args.repeats < 1):
-        ap.error("--concurrency, --max-tokens and --repeats must be >= 1, --temperatures >= 0")
+            or args.repeats < 1 or args.min_requests < 1):
+        ap.error("--concurrency, --max-tokens, --repeats and --min-requests must be >= 1, "
+                 "--temperatures >= 0")
 
     if args.cost is not None:
         from domino_sglang.policy import cost_model
@@ -167,10 +208,10 @@ def main() -> None:
             order = args.methods if i % 2 == 0 else args.methods[::-1]
             for m in order:
                 time.sleep(args.settle)
-                point = run_point(servers[m].url, mixed_prompts(max(8, 2 * c)), c,
-                                  args.max_tokens, t)
+                point = run_point(servers[m].url, mixed_prompts(max(args.min_requests, 2 * c)),
+                                  c, args.max_tokens, t)
                 point.pop("texts")
-                point.update(method=m, temperature=t)
+                point.update(method=m, temperature=t, repeat=i)  # runs of one i are paired
                 runs.append(point)
                 print(json.dumps(point), flush=True)
     for t, c in points:  # the median run (by output tokens/s) of each method at each point
@@ -185,6 +226,9 @@ def main() -> None:
         base = ar.get((r["temperature"], r["concurrency"]))
         if base is not None:
             r["speedup_vs_ar"] = round(r["output_tok_s"] / base["output_tok_s"], 3)
+        if base is not None and r["method"] != "ar" and args.repeats > 1:
+            r["paired_vs_ar"] = paired_speedup(runs, r["method"], r["temperature"],
+                                               r["concurrency"])
 
     RESULTS.mkdir(exist_ok=True)
     out = {"provenance": prov, "max_tokens": args.max_tokens, "dtype": args.dtype,
@@ -199,11 +243,13 @@ def main() -> None:
     lines = [f"## Throughput sweep ({args.max_tokens} output tokens, ignore_eos, {args.dtype}"
              f"{median})", "", provenance.markdown_header(prov), f"{cost}- drafter: `{drafter}`",
              "",
-             "| temperature | concurrency | method | output tok/s | vs AR | tau | k | TTFT p50 (s) "
-             "| ITL mean (ms) | runs (tok/s) |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| temperature | concurrency | method | output tok/s | vs AR | paired vs AR [90% CI] "
+             "| tau | k | TTFT p50 (s) | ITL mean (ms) | runs (tok/s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["temperature"], r["concurrency"])):
         lines.append(f"| {r['temperature']} | {r['concurrency']} | {r['method']} | "
-                     f"{r['output_tok_s']} | {r.get('speedup_vs_ar', '')} | {r['tau'] or ''} | "
+                     f"{r['output_tok_s']} | {r.get('speedup_vs_ar', '')} | "
+                     f"{paired_cell(r.get('paired_vs_ar'))} | {r['tau'] or ''} | "
                      f"{r.get('cost_scale') or ''} | "
                      f"{r['ttft_p50_s']} | {r['itl_mean_ms']} | "
                      f"{' / '.join(map(str, r['runs_tok_s']))} |")
@@ -213,6 +259,13 @@ def main() -> None:
             geo = math.exp(sum(map(math.log, mine)) / len(mine))
             lines.append(f"\n{m} vs AR: geometric mean {geo:.3f}x, min {min(mine):.3f}x, "
                          f"max {max(mine):.3f}x over {len(mine)} points")
+            paired = [r["paired_vs_ar"] for r in rows if r["method"] == m and "paired_vs_ar" in r]
+            if paired:
+                geo = math.exp(statistics.fmean(math.log(p["geomean"]) for p in paired))
+                below = sum(p["ci_high"] < 0.98 for p in paired)
+                lines.append(f"{m} vs AR, paired: geometric mean {geo:.3f}x, min "
+                             f"{min(p['geomean'] for p in paired):.3f}x; {below} of "
+                             f"{len(paired)} points with the whole 90% CI under 0.98x")
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     plot(rows, RESULTS / f"{args.out}.png")
     print("\n".join(lines))
