@@ -15,7 +15,7 @@ DURATION ?= 60s
 
 .PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean data data-snapshot regenerate \
 	train-drafter train-stage4 train-stage6 train-stage17 train-stage20 train-stage21 train-stage22 \
-	train-stage23 train-stage24 train-stage25 train-stage26 train-stage27
+	train-stage23 train-stage24 train-stage25 train-stage26 train-stage27 train-stage28
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -127,6 +127,8 @@ RECIPE26   ?= domino_sglang/train/recipes/smollm2-135m-stage26.toml
 RUN_DIR26  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage26
 RECIPE27   ?= domino_sglang/train/recipes/smollm2-135m-stage27.toml
 RUN_DIR27  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage27
+RECIPE28   ?= domino_sglang/train/recipes/smollm2-135m-stage28.toml
+RUN_DIR28  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage28
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 # $(call next_stage,RECIPE,RUN_DIR,INIT_RUN_DIR): train a stage from the previous one's drafter,
@@ -289,6 +291,16 @@ train-stage27: data
 	$(BIN)/domino-sglang train --config $(RECIPE27) --data $(REGEN_DATA) --out $(RUN_DIR27) --init $(SHIPPED)
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
 		--max-tokens 128 $(SHIPPED) $(RUN_DIR27)/drafter
+
+# Stage 28 (distillation at tau = 0.7, see its recipe): from the shipped drafter, reusing stage 27's
+# (or 26's) cached features and top-64 logits where this machine has them.
+train-stage28: data
+	mkdir -p $(RUN_DIR28) && cp -n $(SHIPPED)/draft_vocab.json $(RUN_DIR28)/
+	for d in $(RUN_DIR27) $(RUN_DIR26); do if [ -d $$d/features ] && [ ! -d $(RUN_DIR28)/features ]; \
+		then cp -al $$d/features $(RUN_DIR28)/features; fi; done
+	$(BIN)/domino-sglang train --config $(RECIPE28) --data $(REGEN_DATA) --out $(RUN_DIR28) --init $(SHIPPED)
+	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
+		--max-tokens 128 $(SHIPPED) $(RUN_DIR28)/drafter
 
 clean:
 	rm -rf $(VENV)
