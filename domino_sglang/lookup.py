@@ -87,6 +87,25 @@ def lookup_batch(histories: list[torch.Tensor], max_tokens: int, min_match: int 
     return drafts, lengths.cpu()
 
 
+def has_recurring_suffix(history: list[int], min_match: int = MIN_MATCH) -> bool:
+    """Whether the last min_match tokens of `history` (x_t last) occur earlier in it, ending
+    before its last token: exactly when `lookup_batch` finds it a draft (length > 0). Plain
+    Python on the host list, a few us: the worker asks it of every request before paying for a
+    batched lookup that could not change a plain round (worker.py `plain_round_may_copy`)."""
+    end = len(history) - min_match  # an earlier occurrence starts in [0, end)
+    if end < 1:
+        return False
+    suffix, start = history[end:], 0
+    while True:
+        try:
+            start = history.index(suffix[0], start, end)
+        except ValueError:
+            return False
+        if history[start:start + min_match] == suffix:
+            return True
+        start += 1
+
+
 def lookup_from_env() -> bool:
     """Whether the worker drafts by prompt lookup where it can: env DOMINO_LOOKUP=1 (default)
     or 0 (Domino drafts only: measuring the drafter alone, benchmarks/acceptance.py)."""

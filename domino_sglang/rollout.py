@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from domino_sglang.cpu.argmax import argmax
 from domino_sglang.cpu.linear import packed_linear
 
 
@@ -147,10 +148,10 @@ def greedy_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams,
     base = base_logits(z, head)  # [bs, B-1, V]
     n = base.shape[1]
     if not use_head:
-        chain = head.token_ids(base.argmax(dim=-1))
+        chain = head.token_ids(argmax(base))
         return (chain, chain) if return_base_pick else chain
     cand = make_candidates(base, head, candidate_pool)
-    first = head.token_ids(base[:, 0].argmax(dim=-1))  # [bs]
+    first = head.token_ids(argmax(base[:, 0]))  # [bs]
     proposals = [first]
     g = head.prefix_gru.hidden_size
     s = z.new_zeros(z.shape[0], g, dtype=head.prefix_gru.weight_hh_l0.dtype)
@@ -160,11 +161,11 @@ def greedy_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams,
     zh = z.to(gdtype)
     for i in range(1, n):
         logits = head_step(head, zh[:, i], s, base[:, i].to(gdtype), cand, i)
-        pick = logits.argmax(dim=-1)
+        pick = argmax(logits)
         nxt = (head.token_ids(pick) if cand is None
                else torch.gather(cand.ids, 1, pick[:, None]).squeeze(1))
         proposals.append(nxt)
         if i + 1 < n:
             s = gru_step(head.prefix_gru, head.embed(nxt).to(gdtype), s)
     chain = torch.stack(proposals, dim=1)
-    return (chain, head.token_ids(base.argmax(dim=-1))) if return_base_pick else chain
+    return (chain, head.token_ids(argmax(base))) if return_base_pick else chain

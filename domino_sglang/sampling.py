@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from domino_sglang.cpu.argmax import argmax
 from domino_sglang.rollout import HeadParams, base_logits, gru_step, head_step, make_candidates
 
 DRAFT, ACCEPT, RESAMPLE = 0, 1, 2
@@ -113,7 +114,7 @@ def process_logits(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
     if rows.need_sort or rows.need_min_p:
         probs = probs / probs.sum(dim=-1, keepdim=True)
     if rows.has_greedy:  # greedy rows: one-hot at the argmax, in place (probs is our own tensor)
-        pick = logits.argmax(dim=-1, keepdim=True)  # [N, 1]
+        pick = argmax(logits)[:, None]  # [N, 1]
         greedy = rows.greedy[:, None]  # [N, 1]
         at_pick = torch.where(greedy, 1.0, probs.gather(1, pick))  # others: unchanged
         probs.masked_fill_(greedy, 0.0).scatter_(1, pick, at_pick)

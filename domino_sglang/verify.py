@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from domino_sglang.cpu.argmax import argmax
 from domino_sglang.sampling import RoundUniforms, SamplingRows, process_logits, sample_from
 
 
@@ -98,7 +99,7 @@ def verify_mixed(chain: torch.Tensor, logits: torch.Tensor, q: torch.Tensor,
     tokens, accept_len = verify_sampled(chain, q, p, u.accept, u.resample)
     if not rows.has_greedy:
         return tokens, accept_len
-    g_tokens, g_len = verify_greedy(chain, logits.argmax(dim=-1))
+    g_tokens, g_len = verify_greedy(chain, argmax(logits))
     greedy = rows.greedy
     return (torch.where(greedy[:, None], g_tokens, tokens),
             torch.where(greedy, g_len, accept_len))

@@ -7,7 +7,12 @@ import random
 import pytest
 import torch
 
-from domino_sglang.lookup import lookup_batch, lookup_draft, lookup_from_env
+from domino_sglang.lookup import (
+    has_recurring_suffix,
+    lookup_batch,
+    lookup_draft,
+    lookup_from_env,
+)
 
 
 def scan(history: list[int], max_tokens: int, min_match: int = 2, max_match: int = 12
@@ -23,6 +28,24 @@ def scan(history: list[int], max_tokens: int, min_match: int = 2, max_match: int
             start = full[-1] if full else starts[0]
             return history[start + n:start + n + max_tokens]
     return []
+
+
+def test_recurring_suffix_is_exactly_when_lookup_drafts():
+    """The host pre-check says yes exactly when the batched lookup finds a draft."""
+    rng = random.Random(1)
+    yes = 0
+    for _ in range(3000):
+        vocab, T = rng.randint(2, 8), rng.randint(0, 40)
+        history = [rng.randrange(vocab) for _ in range(T)]
+        min_match = rng.randint(1, 3)
+        drafted = bool(scan(history, 1, min_match)) if T else False
+        assert has_recurring_suffix(history, min_match) == drafted, (history, min_match)
+        yes += drafted
+    assert 500 < yes < 2500  # both outcomes are exercised
+    assert has_recurring_suffix([5, 6, 7, 5, 6])  # the suffix 5 6 at 0
+    assert not has_recurring_suffix([5, 6, 7, 6, 5])
+    assert has_recurring_suffix([4, 4, 4])  # overlapping: 4 4 at 0
+    assert not has_recurring_suffix([4, 4])  # its only occurrence is itself
 
 
 def test_lookup_equals_a_direct_scan():

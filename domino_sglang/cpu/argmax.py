@@ -1,0 +1,37 @@
+"""torch.argmax over the vocabulary, exactly, ~8x faster on the CPU: the greedy pick of every
+verified position, head step and greedy row.
+
+torch's CPU argmax reduces a row one element at a time (1 thread, AMD EPYC: 41 us a 49,152-wide
+fp32 row, 1.3 ms for the 32 rows of a plain round at bs 32, ~0.6 % of that round), while its
+amax is vectorised (18x faster). So reduce in two levels (a blocked reduction):
+
+    m_j   = max of block j (BLOCK consecutive logits)          amax over [rows, V / BLOCK, BLOCK]
+    j*    = argmax_j m_j                                       the first block holding the max
+    i*    = argmax of block j*'s BLOCK logits                  the first max within it
+    pick  = j* * BLOCK + i*
+
+It is the first maximal index, as torch.argmax's: no block before j* holds the maximum (j* is
+the first block whose max equals it) and no index before i* in block j* does. NaN is a maximum
+to both (amax propagates it, argmax returns the first NaN), so a row with NaN gives its first
+NaN either way. Measured (rows x 49,152, fp32, 1 thread): 16 rows 0.67 -> 0.08 ms, 64 rows
+2.64 -> 0.28 ms. Plain decoding (SGLang's sampler) keeps torch.argmax; the tokens are the same.
+Other devices, and widths BLOCK does not divide, use torch.argmax.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK = 256  # 128-512 measure the same; 64 is 1.4x slower at 64 rows
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, dim=-1) for x [..., V]: int64 [...]."""
+    width = x.shape[-1]
+    if x.device.type != "cpu" or width % BLOCK or width <= BLOCK or x.numel() == 0:
+        return x.argmax(dim=-1)
+    blocks = x.reshape(-1, width // BLOCK, BLOCK)  # [N, V / BLOCK, BLOCK]
+    first = blocks.amax(dim=-1).argmax(dim=-1)  # [N] j*
+    rows = torch.arange(blocks.shape[0], device=x.device)
+    within = blocks[rows, first].argmax(dim=-1)  # [N] i*
+    return (first * BLOCK + within).view(x.shape[:-1])
