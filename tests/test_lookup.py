@@ -30,15 +30,19 @@ def scan(history: list[int], max_tokens: int, min_match: int = 2, max_match: int
     return []
 
 
+def random_histories(seed: int, n: int, max_vocab: int, lengths: tuple[int, int]):
+    """n (history, min_match) cases: short histories over tiny vocabularies (many repeats)."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        vocab, T = rng.randint(2, max_vocab), rng.randint(*lengths)
+        yield [rng.randrange(vocab) for _ in range(T)], rng.randint(1, 3), rng
+
+
 def test_recurring_suffix_is_exactly_when_lookup_drafts():
     """The host pre-check says yes exactly when the batched lookup finds a draft."""
-    rng = random.Random(1)
     yes = 0
-    for _ in range(3000):
-        vocab, T = rng.randint(2, 8), rng.randint(0, 40)
-        history = [rng.randrange(vocab) for _ in range(T)]
-        min_match = rng.randint(1, 3)
-        drafted = bool(scan(history, 1, min_match)) if T else False
+    for history, min_match, _ in random_histories(1, 3000, 8, (0, 40)):
+        drafted = bool(scan(history, 1, min_match)) if history else False
         assert has_recurring_suffix(history, min_match) == drafted, (history, min_match)
         yes += drafted
     assert 500 < yes < 2500  # both outcomes are exercised
@@ -49,12 +53,9 @@ def test_recurring_suffix_is_exactly_when_lookup_drafts():
 
 
 def test_lookup_equals_a_direct_scan():
-    rng = random.Random(0)
     found = 0
-    for _ in range(2000):
-        vocab, T = rng.randint(2, 6), rng.randint(1, 50)
-        history = [rng.randrange(vocab) for _ in range(T)]
-        max_tokens, min_match = rng.randint(1, 15), rng.randint(1, 3)
+    for history, min_match, rng in random_histories(0, 2000, 6, (1, 50)):
+        max_tokens = rng.randint(1, 15)
         got = lookup_draft(torch.tensor(history), max_tokens, min_match=min_match).tolist()
         assert got == scan(history, max_tokens, min_match), (history, max_tokens, min_match)
         found += bool(got)
