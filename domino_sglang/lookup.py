@@ -90,8 +90,10 @@ def lookup_batch(histories: list[torch.Tensor], max_tokens: int, min_match: int 
 def has_recurring_suffix(history: list[int], min_match: int = MIN_MATCH) -> bool:
     """Whether the last min_match tokens of `history` (x_t last) occur earlier in it, ending
     before its last token: exactly when `lookup_batch` finds it a draft (length > 0). Plain
-    Python on the host list, a few us: the worker asks it of every request before paying for a
-    batched lookup that could not change a plain round (worker.py `plain_round_may_copy`)."""
+    Python on the host list: one C-level `list.index` scan per earlier occurrence of the
+    suffix's first token (a few us for a chat turn; more for a long history full of one token).
+    The worker asks it of every request before paying for a batched lookup that could not
+    change a plain round (worker.py `plain_round_may_copy`)."""
     end = len(history) - min_match  # an earlier occurrence starts in [0, end)
     if end < 1:
         return False

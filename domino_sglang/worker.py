@@ -439,7 +439,9 @@ class DominoWorker(BaseSpecWorker):
         even at their longest (policy.lookup_len). Both are asked on the host first, request by
         request until one has no recurring suffix (lookup.has_recurring_suffix), so a plain
         round under load does not pay for a batched lookup (1.4 ms at bs 32 on the CPU, ~0.7 %
-        of the round) whose copies it could not use. Exact: the rounds are the same."""
+        of the round) whose copies it could not use. Exact for the tokens and the policy's
+        statistics (the rounds are the same); the plain rounds' measured times shrink by the
+        lookup they skip. Assumes lookup_drafts matches with lookup.py's default MIN_MATCH."""
         if self.policy.lookup_len(len(batch.reqs), self.block_size - 1) <= 1:
             return False
         skip = [False] * len(batch.reqs) if capped is None else capped.tolist()
