@@ -207,17 +207,21 @@ class DominoMetrics:
         if not self.enabled:
             return
         bs, n = int(accept_lens.shape[0]), draft_len - 1
-        positions = torch.arange(1, n + 1, device=accept_lens.device)
-        # accepted_at[p] = #requests with a >= p; their sum is the total accepted drafts
-        at = ((accept_lens[:, None] - 1) >= positions[None, :]).sum(dim=0)  # [L-1]
-        head = (torch.stack(head_outcomes) if head_outcomes is not None
-                else at.new_zeros(2))
-        stats = torch.cat((at, head.to(at.dtype))).tolist()  # the one host synchronisation
-        at_counts, right, wrong = stats[:n], stats[n], stats[n + 1]
+        if n > 0 or head_outcomes is not None:
+            positions = torch.arange(1, n + 1, device=accept_lens.device)
+            # accepted_at[p] = #requests with a >= p; their sum is the total accepted drafts
+            at = ((accept_lens[:, None] - 1) >= positions[None, :]).sum(dim=0)  # [L-1]
+            head = (torch.stack(head_outcomes) if head_outcomes is not None
+                    else at.new_zeros(2))
+            stats = torch.cat((at, head.to(at.dtype))).tolist()  # the one host synchronisation
+            at_counts, right, wrong = stats[:n], stats[n], stats[n + 1]
+        else:  # a plain round (L = 1): nothing drafted, nothing to read back
+            at_counts, right, wrong = [], 0, 0
 
         self._rounds.inc(bs)
-        self._proposed.inc(bs * n)
-        self._accepted.inc(sum(at_counts))
+        if n > 0:
+            self._proposed.inc(bs * n)
+            self._accepted.inc(sum(at_counts))
         for p, count in enumerate(at_counts, start=1):
             if count:
                 self._position(p).inc(count)

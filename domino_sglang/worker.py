@@ -303,7 +303,8 @@ class DominoWorker(BaseSpecWorker):
                            device=self.device)
         chain[:, 0] = draft_input.bonus_tokens
         positions = prefix_lens[:, None] + self._block_offsets  # [bs, B]
-        slots = self.block_slots(batch, prefix_lens).view(bs, -1)  # [bs, B]
+        slots = self.block_slots(batch, prefix_lens, self.block_size if block > 1 else 1)
+        slots = slots.view(bs, -1)  # [bs, B] ([bs, 1] in a plain round)
 
         rows = u = None
         if sampled:
@@ -591,15 +592,18 @@ class DominoWorker(BaseSpecWorker):
             out.logits_output.next_token_logprobs = torch.where(redraw, own, logprobs)
 
     # ---- steps of the round ----
-    def block_slots(self, batch, prefix_lens: torch.Tensor) -> torch.Tensor:
-        """KV slots of positions prefix .. prefix + B - 1 (reserved by prepare_for_decode)."""
+    def block_slots(self, batch, prefix_lens: torch.Tensor, width: int) -> torch.Tensor:
+        """KV slots of positions prefix .. prefix + width - 1 (reserved by prepare_for_decode),
+        flat [bs * width] int64; a plain round (width 1) needs x_t's slot only: one gather."""
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token  # [R, pool_len] int32
+        if width == 1:
+            return req_to_token[batch.req_pool_indices, prefix_lens].to(torch.int64)
         from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 
         return assign_extend_cache_locs_func(
-            req_pool_indices=batch.req_pool_indices,
-            req_to_token=self.model_runner.req_to_token_pool.req_to_token,
-            start_offset=prefix_lens, end_offset=prefix_lens + self.block_size,
-            batch_size=len(prefix_lens), draft_token_num=self.block_size, device=self.device,
+            req_pool_indices=batch.req_pool_indices, req_to_token=req_to_token,
+            start_offset=prefix_lens, end_offset=prefix_lens + width,
+            batch_size=len(prefix_lens), draft_token_num=width, device=self.device,
         )
 
     def draft_block(self, batch, chain, positions, slots) -> torch.Tensor:

@@ -72,6 +72,20 @@ def test_record_round_counts():
     assert value(reg, "domino_draft_length_bucket", le="5.0") == 3
     m.record_fallback("adaptive_policy", 2)
     assert value(reg, "domino_fallback_requests_total", reason="adaptive_policy") == 2
+    # a plain round (L = 1): counted as a round of bs requests, nothing proposed or accepted
+    clock = RoundClock(cuda=False)
+    clock.mark()
+    clock.mark()
+    m.record_round(torch.tensor([1, 1, 1, 1]), 1, clock)
+    assert value(reg, "domino_verify_rounds_total") == 6 + 4
+    assert value(reg, "domino_draft_tokens_proposed_total") == 6 * 4
+    assert value(reg, "domino_draft_tokens_accepted_total") == 12
+    assert [value(reg, "domino_accepted_tokens_by_position_total", position=str(p))
+            for p in range(1, 5)] == expected
+    assert value(reg, "domino_head_changed_tokens_total", outcome="right") == 6
+    assert value(reg, "domino_draft_length_bucket", le="1.0") == 1
+    assert value(reg, "domino_draft_length_sum") == 15 + 1
+    assert value(reg, "domino_verify_seconds_count") == 4
 
 
 @pytest.mark.parametrize("capped,block,policy,expected", [
