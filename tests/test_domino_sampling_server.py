@@ -192,12 +192,25 @@ def test_sampled_drafts_are_accepted(server, tokenizer):
     assert a != b
 
 
-def test_json_schema_requests_return_valid_json(server, tokenizer):
+def test_json_schema_requests_follow_the_grammar(server, tokenizer, target_path):
     """xgrammar-constrained requests, greedy and sampled: the verify logits of every chain
-    position carry the grammar mask, so the output always parses and fits the schema."""
+    position carry the grammar mask, so every committed token is one the grammar allows.
+    Checked token by token with xgrammar's own matcher on the same schema (SGLang's settings:
+    any whitespace, the model's EOS as stop token): a finished output is accepted to its end,
+    parses and fits the schema; one cut by max_new_tokens is a valid prefix. A sampled
+    request may run out of tokens legitimately (the schema allows any integer and any
+    whitespace: CI once drew a 45-digit age at T = 1), so only the greedy one must finish."""
+    import xgrammar
+    from transformers import AutoConfig
+
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                                "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}
+    info = xgrammar.TokenizerInfo.from_huggingface(
+        tokenizer, vocab_size=AutoConfig.from_pretrained(target_path).vocab_size,
+        stop_token_ids=[tokenizer.eos_token_id])
+    compiled = xgrammar.GrammarCompiler(info).compile_json_schema(json.dumps(schema),
+                                                                  any_whitespace=True)
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Give a JSON object with a person's name and age."}],
         tokenize=True, add_generation_prompt=True, return_dict=False)
@@ -205,8 +218,20 @@ def test_json_schema_requests_return_valid_json(server, tokenizer):
                    {"temperature": 1.0}):
         out = generate(server, ids, {**params, "json_schema": json.dumps(schema),
                                      "max_new_tokens": 64})
+        finish = out["meta_info"]["finish_reason"]["type"]
+        matcher = xgrammar.GrammarMatcher(compiled)
+        for i, tok in enumerate(out["output_ids"]):
+            assert matcher.accept_token(tok), (params, i, tokenizer.decode(tok), out["text"])
+        if finish == "length":
+            assert params["temperature"] > 0, f"greedy JSON did not finish: {out['text']!r}"
+            continue
+        assert matcher.is_terminated() or matcher.accept_token(tokenizer.eos_token_id), out
         obj = json.loads(out["text"])
         assert set(obj) == {"name", "age"} and isinstance(obj["age"], int), out["text"]
+    # power: the same request without the schema is not JSON the matcher would accept
+    free = generate(server, ids, {"temperature": 0, "max_new_tokens": 16})["output_ids"]
+    matcher = xgrammar.GrammarMatcher(compiled)
+    assert not all(matcher.accept_token(tok) for tok in free), tokenizer.decode(free)
 
 
 def test_history_dependent_requests_equal_plain_decoding(server, ar_server_fp32, chat_ids,
