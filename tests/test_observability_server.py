@@ -166,27 +166,45 @@ def prometheus(server, tmp_path_factory):
     cfg["global"]["scrape_interval"] = "1s"
     cfg["scrape_configs"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{server.port}"]
     (work / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-    port = free_port()
-    log = (work / "prometheus.log").open("w")
-    proc = subprocess.Popen([binary, f"--config.file={work / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={work / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    for _ in range(3):  # a port taken between free_port() and the bind: a new port
+        proc, url = _launch_prometheus(binary, work)
+        if url is not None:
+            break
+    else:
+        raise AssertionError(f"prometheus: its port was taken 3 times ({work / 'prometheus.log'})")
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(f"{url}/-/ready", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            assert proc.poll() is None, (work / "prometheus.log").read_text()
-            time.sleep(0.5)
         yield url
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _launch_prometheus(binary: str, work) -> tuple[subprocess.Popen, str | None]:
+    """Start Prometheus on a fresh loopback port and wait until it is ready: (process, url), or
+    (exited process, None) when the port was taken before it bound it."""
+    port = free_port()
+    log_path = work / "prometheus.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen([binary, f"--config.file={work / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={work / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{port}"],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"{url}/-/ready", timeout=2).status_code == 200:
+                return proc, url
+        except requests.RequestException:
+            pass
+        if proc.poll() is not None:
+            if "address already in use" in log_path.read_text(errors="replace"):
+                return proc, None
+            raise AssertionError(log_path.read_text(errors="replace")[-3000:])
+        time.sleep(0.5)
+    proc.terminate()
+    proc.wait(timeout=30)
+    raise AssertionError(f"prometheus not ready after 60 s:\n{log_path.read_text()[-3000:]}")
 
 
 def query(prom: str, q: str) -> list:
@@ -207,15 +225,24 @@ def test_prometheus_answers_every_published_query(server, prometheus, tokenizer)
     requests.post(f"{server.url}/generate", json={"input_ids": ids, "sampling_params": {
         "temperature": 0, "max_new_tokens": 16}}, timeout=600).raise_for_status()
     chat(server, "Write a haiku about the sea.", 8, stream=True)
-    time.sleep(3)  # two more scrapes after the last request
-    up = query(prometheus, 'up{job="domino-sglang"}')
-    assert up and up[0]["value"][1] == "1"
-    # the scraped counters are the server's own
+    # the scraped counters are the server's own: wait (30 s at most) for a scrape after the
+    # last request (1 s interval, but a scrape can run late on a busy machine)
     direct = scrape(server)[("domino_verify_rounds_total", "")]
-    assert float(query(prometheus, "sum(domino_verify_rounds_total)")[0]["value"][1]) == direct
+    deadline, scraped = time.monotonic() + 30, None
+    while scraped != direct and time.monotonic() < deadline:
+        time.sleep(0.5)
+        result = query(prometheus, "sum(domino_verify_rounds_total)")
+        scraped = float(result[0]["value"][1]) if result else None
+    assert scraped == direct, (scraped, direct)
+    up = query(prometheus, 'max_over_time(up{job="domino-sglang"}[30s])')
+    assert up and up[0]["value"][1] == "1"
+    # rate() needs two samples of a series, and some first appeared with this traffic: each
+    # query gets until the deadline (a few more 1 s scrapes) to answer
+    deadline = time.monotonic() + 30
     for source, queries in (("README", readme_queries()), ("dashboard", dashboard_queries())):
         for q in queries:
-            result = query(prometheus, q)
+            while not (result := query(prometheus, q)) and time.monotonic() < deadline:
+                time.sleep(0.5)
             assert result, f"{source} query returned nothing: {q}"
     tau = float(query(prometheus, readme_queries()[1])[0]["value"][1])
     assert math.isfinite(tau) and 1.0 <= tau <= BLOCK

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import requests
@@ -36,8 +37,9 @@ def replicas(target_path):
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def router(replicas):
+def _launch_router(replicas) -> tuple[subprocess.Popen, str, Path] | None:
+    """Start the router on fresh loopback ports and wait for /health: (process, url, log), or
+    None when one of its ports was taken before it bound it (free_port only found it free)."""
     port, metrics_port = free_port(), free_port()
     log_path = LOG_DIR / f"router-{port}.log"
     cmd = [sys.executable, "-m", "sglang_router.launch_router",
@@ -51,25 +53,46 @@ def router(replicas):
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            log = log_path.read_text(errors="replace")
+            if "in use" in log.lower():
+                return None
+            raise AssertionError(f"router exited:\n{log[-3000:]}")
+        try:
+            if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url, log_path
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            _stop(proc)
+            raise AssertionError(f"router not up:\n{log_path.read_text()[-3000:]}")
+        time.sleep(0.5)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, f"router exited:\n{log_path.read_text()[-3000:]}"
-            try:
-                if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            assert time.monotonic() < deadline, f"router not up:\n{log_path.read_text()[-3000:]}"
-            time.sleep(0.5)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def router(replicas):
+    for _ in range(3):  # a port taken between free_port() and the bind: new ports
+        launched = _launch_router(replicas)
+        if launched is not None:
+            break
+    else:
+        raise AssertionError("router: its ports were taken before it could bind, 3 times")
+    proc, url, _ = launched
+    try:
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        _stop(proc)
 
 
 def _generate(url: str, ids: list[int]) -> list[int]:
