@@ -54,7 +54,7 @@ from domino_sglang.context import DeferredContext
 from domino_sglang.cpu import linear as cpu_linear
 from domino_sglang.cpu.argmax import argmax
 from domino_sglang.lookup import has_recurring_suffix, lookup_batch, lookup_from_env
-from domino_sglang.metrics import DominoMetrics, head_change_outcomes
+from domino_sglang.metrics import DominoMetrics, RoundClock, head_change_outcomes
 from domino_sglang.model import sglang_draft_model_class
 from domino_sglang.policy import SpeculationPolicy, cost_model
 from domino_sglang.rollout import greedy_rollout
@@ -143,8 +143,9 @@ class DominoWorker(BaseSpecWorker):
         self.policy = SpeculationPolicy.from_env(self.block_size, cost)  # DOMINO_ADAPTIVE=0: fixed
         self._plain_decode: bool | None = None  # see plain_decode_forward
         # (bs, L, start) of the last decode round, timed at the next one's start (calibration)
-        # + kind and mean committed length, logged (debug) by time_last_round
-        self._last_round: tuple[int, int, float, str, int] | None = None
+        # + kind, mean committed length and its clock (draft / verify marks), logged (debug)
+        # by time_last_round
+        self._last_round: tuple[int, int, float, str, int, object] | None = None
         self._logged_scale = (1.0, 0.0)  # (k, time) last logged
         # plain rounds' draft-context writes, batched until a draft pass needs them (context.py)
         self.context = DeferredContext(self.write_draft_context)
@@ -373,7 +374,7 @@ class DominoWorker(BaseSpecWorker):
         # logged (debug) but not timed
         kind = ("copy" if not draft_pass else "plain" if block == 1
                 else "draft" if looked is None else "mixed") + ("+lookup" if tried else "")
-        self._last_round = (bs, block, started, kind, int(prefix_lens.sum()) // bs)
+        self._last_round = (bs, block, started, kind, int(prefix_lens.sum()) // bs, clock)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=tokens.reshape(-1),
@@ -455,11 +456,14 @@ class DominoWorker(BaseSpecWorker):
         on any device this wall time is what the round cost, its output processing included."""
         now = time.perf_counter()
         if self._last_round is not None:
-            bs, block, started, kind, context = self._last_round
+            bs, block, started, kind, context, clock = self._last_round
             if logger.isEnabledFor(logging.DEBUG):  # `-- --log-level debug`
                 calibration = self.policy.calibration
-                logger.debug("DOMINO round %s bs %d L %d context %d %.2f ms k %.2f alpha %.2f",
-                             kind, bs, block, context, 1e3 * (now - started),
+                # draft: lookup + draft pass + head; verify: target forward + acceptance
+                spans = clock.spans() if isinstance(clock, RoundClock) else [0.0, 0.0]
+                logger.debug("DOMINO round %s bs %d L %d context %d %.2f ms (draft %.2f verify "
+                             "%.2f) k %.2f alpha %.2f", kind, bs, block, context,
+                             1e3 * (now - started), 1e3 * spans[0], 1e3 * spans[1],
                              calibration.scale(bs) if calibration else 1.0, self.policy.stats.alpha)
             if not kind.startswith("copy"):
                 self.policy.observe_time(bs, block, now - started)
