@@ -40,6 +40,34 @@ def test_packed_rows_do_not_depend_on_the_other_rows():
     assert torch.equal(whole, alone)
 
 
+def test_two_bf16_rows_run_as_four(monkeypatch):
+    """A bf16 input of 2 rows (oneDNN's slow row count) runs as 4 rows, its rows twice, the
+    copies dropped: same shape and values as F.linear's (bf16 tolerance), 2-D and 3-D, with a
+    bias; other row counts and fp32 run as they are."""
+    if linear.pack(torch.randn(8, 8, dtype=torch.bfloat16)) is None:
+        pytest.skip("no oneDNN bf16 here")
+    torch.manual_seed(2)
+    w, b = torch.randn(1536, 576, dtype=torch.bfloat16) * 0.05, torch.randn(1536).bfloat16()
+    packed = linear.pack(w)
+    seen = []
+    real = linear._onednn_linear
+    monkeypatch.setattr(linear, "_onednn_linear",
+                        lambda x, p, bias: seen.append(x.shape[0]) or real(x, p, bias))
+    for shape in [(2, 576), (1, 2, 576), (2, 1, 576)]:
+        x = torch.randn(*shape, dtype=torch.bfloat16)
+        out = linear.packed_linear(x, packed, b)
+        assert out.shape == (*shape[:-1], 1536)
+        torch.testing.assert_close(out.float(), F.linear(x.float(), w.float(), b.float()),
+                                   rtol=2e-2, atol=2e-2)
+    assert seen == [4, 4, 4]
+    seen.clear()
+    for shape, dtype in [((1, 576), torch.bfloat16), ((3, 576), torch.bfloat16),
+                         ((2, 576), torch.float32)]:
+        weight = w.to(dtype)
+        linear.packed_linear(torch.randn(*shape, dtype=dtype), linear.pack(weight))
+    assert seen == [1, 3, 2]
+
+
 def test_pack_declines_what_it_cannot_serve():
     assert linear.pack(torch.randn(8, 4, 2)) is None  # not a matrix
     assert linear.pack(torch.randn(8, 4).to(torch.float16)) is None

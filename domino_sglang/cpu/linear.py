@@ -5,15 +5,19 @@ i.e. MKL, unless the CPU build of sgl-kernel (Intel AMX only) is installed. On t
 machines MKL runs a small-M GEMM as one GEMV per row, so a 16-token verify pays ~6x one token
 in the MLP and ~2.7x in the lm_head, and its rows differ from the same rows computed alone.
 oneDNN with the weight reordered once into its blocked layout (the layout PyTorch's own
-inductor uses for CPU linears) is faster at every M and row-invariant. Microbenchmark, 1
-thread, AMD EPYC, fp32, ms per call (F.linear -> packed oneDNN):
+inductor uses for CPU linears) is faster at every M and, over K = 576, row-invariant.
+Microbenchmark, 1 thread, AMD EPYC, fp32, ms per call (F.linear -> packed oneDNN):
 
     576 -> 3072 (MLP):    M=1 0.102 -> 0.086, M=4 0.252 -> 0.091, M=16 0.627 -> 0.237,
                           M=256 8.86 -> 3.66
     576 -> 49152 (head):  M=1 6.49 -> 2.56,   M=2 12.9 -> 2.84,   M=16 18.1 -> 5.73
 
-Row-invariance (a row's output does not depend on the other rows of the call) means the
-target's projections give the verify pass exactly the numbers a plain decode step gets.
+Row-invariance (a row's output does not depend on the other rows of the call) means those
+projections give the verify pass exactly the numbers a plain decode step gets. Not all: the
+MLP's down projection (K = 1536) computes a row alone (M = 1) in other bits than the same row
+among others (M >= 2), fp32 and bf16 alike (checked 2026-11-29), so a verify's MLP output can
+differ from a plain step's in the last bits; the fp32 exactness tests hold on real prompts
+(a flipped argmax needs a near-tie).
 
 How it plugs in (SGLang internals, all in `install()`): `UnquantizedLinearMethod` and
 `UnquantizedEmbeddingMethod.process_weights_after_loading` (called after the first load and
@@ -58,9 +62,32 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH_HINT)
 
 
+# oneDNN's bf16 kernel for a 2-row input streams the weight slower than the one for 3-6 rows: 1
+# thread, AMD EPYC, SmolLM2-135M's 30 layers of linears + lm_head with the weights cold in cache
+# (what a forward sees), 15 interleaved repeats: 2 rows 28.5 ms median (min 25.6), the same 2
+# rows run as 4 23.7 (22.0), 4 rows 21.0 (19.1) (benchmarks/linear_rows.py,
+# results/linear_rows.md); 1 row gains nothing from it. Two rows
+# are a plain step at bs 2 and a 2-token verify (or draft) at bs 1: such a round measured
+# 51.4 ms of target forward against 46.8 ms for 3 tokens (debug round times, 2026-11-29).
+PADDED_ROWS = {2: 4}  # bf16 inputs of this many rows run as that many (their rows repeated)
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ W^T (+ bias) -> [..., N], W given by `pack(W)`."""
+    """x [..., K] @ W^T (+ bias) -> [..., N], W given by `pack(W)`; a bf16 input of 2 rows runs
+    as 4, its rows twice, the copies dropped from the output (PADDED_ROWS)."""
+    width = x.shape[-1]
+    rows = x.numel() // width if width else 0
+    padded = PADDED_ROWS.get(rows) if x.dtype == torch.bfloat16 else None
+    if padded is None:
+        return _onednn_linear(x, packed, bias)
+    flat = x.reshape(rows, width)
+    out = _onednn_linear(torch.cat([flat] * (padded // rows)), packed, bias)  # [padded, N]
+    return out[:rows].reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _onednn_linear(x: torch.Tensor, packed: torch.Tensor,
+                   bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
