@@ -15,7 +15,7 @@ DURATION ?= 60s
 
 .PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean data data-snapshot regenerate \
 	train-drafter train-stage4 train-stage6 train-stage17 train-stage20 train-stage21 train-stage22 \
-	train-stage23 train-stage24 train-stage25 train-stage26 train-stage27 train-stage28
+	train-stage23 train-stage24 train-stage25 train-stage26 train-stage27 train-stage28 train-stage29
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -129,6 +129,9 @@ RECIPE27   ?= domino_sglang/train/recipes/smollm2-135m-stage27.toml
 RUN_DIR27  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage27
 RECIPE28   ?= domino_sglang/train/recipes/smollm2-135m-stage28.toml
 RUN_DIR28  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage28
+RECIPE29   ?= domino_sglang/train/recipes/smollm2-135m-stage29.toml
+RUN_DIR29  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage29
+ANSWERS_DATA ?= $(HOME)/.cache/domino_sglang/data/sharegpt-answers256.jsonl
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
 # $(call next_stage,RECIPE,RUN_DIR,INIT_RUN_DIR): train a stage from the previous one's drafter,
@@ -301,6 +304,15 @@ train-stage28: data
 	$(BIN)/domino-sglang train --config $(RECIPE28) --data $(REGEN_DATA) --out $(RUN_DIR28) --init $(SHIPPED)
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
 		--max-tokens 128 $(SHIPPED) $(RUN_DIR28)/drafter
+
+# Stage 29 (off-policy distillation over ShareGPT's own answers, see its recipe): from the shipped
+# drafter; the dataset's answers are tokenised into ANSWERS_DATA first (no server, ~1 min).
+train-stage29: data
+	$(BIN)/domino-sglang regenerate --source sharegpt-answers --out $(ANSWERS_DATA)
+	mkdir -p $(RUN_DIR29) && cp -n $(SHIPPED)/draft_vocab.json $(RUN_DIR29)/
+	$(BIN)/domino-sglang train --config $(RECIPE29) --data $(REGEN_DATA) --out $(RUN_DIR29) --init $(SHIPPED)
+	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
+		--max-tokens 128 $(SHIPPED) $(RUN_DIR29)/drafter
 
 clean:
 	rm -rf $(VENV)

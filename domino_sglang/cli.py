@@ -165,7 +165,14 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
 
     from domino_sglang.local_server import start_server
     from domino_sglang.target import TargetError, prepare_target
-    from domino_sglang.train.regenerate import RegenConfig, regenerate, sharegpt_items, source_items
+    from domino_sglang.train.regenerate import (
+        RegenConfig,
+        append_records,
+        dataset_answers,
+        regenerate,
+        sharegpt_items,
+        source_items,
+    )
 
     for name in ("limit", "max_new_tokens", "concurrency", "max_prompt_tokens"):
         value = getattr(args, name)
@@ -186,6 +193,11 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     conf = RegenConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        concurrency=args.concurrency, max_prompt_tokens=args.max_prompt_tokens)
     tokenizer = AutoTokenizer.from_pretrained(target)
+    if args.source == "sharegpt-answers":  # the dataset's own answers: no server to run
+        records = dataset_answers(tokenizer, args.limit, conf.max_prompt_tokens,
+                                  conf.max_new_tokens, args.first_id)
+        print(f"{args.out}: {append_records(args.out, records)} new records")
+        return 0
     if args.source != "sharegpt":
         items = source_items(args.source, tokenizer, args.limit, conf.max_prompt_tokens,
                              args.first_id)
@@ -335,11 +347,14 @@ def make_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("regenerate", help="answer ShareGPT prompts with the target (training data)")
     r.add_argument("--out", type=Path, required=True, help="JSONL cache (resumed if present)")
-    r.add_argument("--source", choices=("sharegpt", "python", "math", "chat"), default="sharegpt",
+    r.add_argument("--source", choices=("sharegpt", "python", "math", "chat", "sharegpt-answers"),
+                   default="sharegpt",
                    help="prompts: ShareGPT turns (default), code-completion requests for the "
                         "Python standard library's documented functions (ids 1000000 + index) "
                         "or templated grade-school word problems (ids 2000000 + index) or "
-                        "templated general-chat requests (ids 3000000 + index)")
+                        "templated general-chat requests (ids 3000000 + index), or ShareGPT's "
+                        "own first answers, not the target's (ids 4000000 + index; no server; "
+                        "train on them with distill = 1 only)")
     r.add_argument("--limit", type=int, default=None, help="number of prompts (default: all)")
     r.add_argument("--first-id", type=int, default=0,
                    help="start at this ShareGPT conversation index / stdlib function index / "

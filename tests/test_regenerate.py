@@ -305,3 +305,48 @@ def test_eval_answers_in_git_are_replayed_without_a_server_and_checked(tmp_path,
     cache.write_text("\n".join(lines[:3] + [json.dumps(stale)] + lines[4:]) + "\n")
     with pytest.raises(SystemExit, match="eval-gsm8k-greedy128.jsonl: answer"):
         compare_drafters.eval_records("gsm8k", 20, 128, "http://127.0.0.1:9", 1024)
+
+
+class _TemplateTokenizer(_CharTokenizer):
+    """_CharTokenizer with ChatML's closing token: each message ends with <|im_end|> (id 2000),
+    the generation prompt is the assistant's role marker."""
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        ids = [i for m in messages for i in [1 if m["role"] == "user" else 2]
+               + [ord(c) % 1000 for c in m["content"]] + [2000]]
+        return ids + [2] if add_generation_prompt else ids
+
+    def convert_tokens_to_ids(self, token):
+        assert token == "<|im_end|>"
+        return 2000
+
+
+def test_dataset_answers_are_the_template_tokens_after_the_prompt(tmp_path):
+    """`regenerate --source sharegpt-answers`: each record's prompt is the first user turn as
+    sharegpt_items gives it, its output the dataset's answer exactly as the template lays out the
+    two turns, closed by <|im_end|> or cut at max_new_tokens; ids 4000000 + the conversation's
+    index. Appending the same records again writes nothing."""
+    from domino_sglang.data import sharegpt_conversations
+    from domino_sglang.train.regenerate import append_records, dataset_answers
+
+    tok = _TemplateTokenizer()
+    convs = sharegpt_conversations()[:40]
+    recs = dataset_answers(tok, 12, 10**6, 10**6)
+    prompts = dict(sharegpt_items(tok, 40, 10**6))
+    assert len(recs) == 12
+    for rec in recs:
+        idx = rec["id"] - SOURCE_ID_BASE["sharegpt-answers"]
+        assert 0 <= idx < 40 and rec["prompt_ids"] == prompts[idx]
+        answer = convs[idx][1]["content"]
+        assert rec["output_ids"] == [ord(c) % 1000 for c in answer] + [2000]
+        assert rec["finish"] == "dataset"
+    cut = dataset_answers(tok, 12, 10**6, 50)
+    assert [r["id"] for r in cut] == [r["id"] for r in recs]
+    for short, full in zip(cut, recs):
+        assert short["output_ids"] == full["output_ids"][:50]
+        assert short["finish"] == ("length" if len(full["output_ids"]) > 50 else "dataset")
+    assert any(r["finish"] == "length" for r in cut)
+    out = tmp_path / "answers.jsonl"
+    assert append_records(out, recs[:5]) == 5
+    assert append_records(out, recs) == 7  # a resumed run adds only what is missing
+    assert [r["id"] for r in read_records(out)] == [r["id"] for r in recs]

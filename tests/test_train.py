@@ -586,3 +586,48 @@ def test_grown_head_starts_as_the_init_head_and_learns(tmp_path):
     assert trained["embed_proj.2.weight"][:, 4:].abs().sum() > 0
     with pytest.raises(TrainConfigError, match="'grow_gru' grows an 'init' drafter"):
         load_train_config(None, {"data": "d", "out": "o", "grow_gru": 8})
+
+
+def test_extra_data_is_trained_on_whole_and_checked(tmp_path, monkeypatch):
+    """extra_data records join the training pool (never held out, no max_id), ids must be new,
+    and the dataset's own answers (ids >= 4000000) are refused unless distill = 1."""
+    import json
+
+    from domino_sglang.train.trainer import load_extra_records, load_records
+    from tests.train_fixtures import make_records
+
+    extra = tmp_path / "extra.jsonl"
+    make_records(extra, n=4)
+    lines = extra.read_text().splitlines()
+    moved = [json.dumps({**json.loads(line), "id": 4_000_000 + k}) for k, line in
+             enumerate(lines)]
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text("\n".join(moved) + "\n")
+    main = load_records(make_records(tmp_path / "data.jsonl", n=6), 64)
+    taken = {r["id"] for r in main}
+    got = load_extra_records([str(answers)], 64, 1.0, set(taken))
+    assert [r["id"] for r in got] == [4_000_000 + k for k in range(4)]
+    with pytest.raises(TrainConfigError, match="need 'distill' = 1, got 0.5"):
+        load_extra_records([str(answers)], 64, 0.5, set(taken))
+    with pytest.raises(TrainConfigError, match="record id 0 is already in the training data"):
+        load_extra_records([str(extra)], 64, 1.0, set(taken))
+    with pytest.raises(TrainConfigError, match="extra_data .*missing.jsonl not found"):
+        load_extra_records([str(tmp_path / "missing.jsonl")], 64, 1.0, set(taken))
+    with pytest.raises(TrainConfigError, match="'extra_data' must be a list of file paths"):
+        load_train_config(None, {"data": "d", "out": "o", "extra_data": [""]})
+    # a run reads them: 6 steps of 2 over the 4 + 4 training records cover an epoch of 8
+    import domino_sglang.train.trainer as trainer
+
+    visited: set[int] = set()
+    real = trainer.TargetFeatures.__call__
+
+    def spy(self, rec):
+        visited.add(rec["id"])
+        return real(self, rec)
+
+    monkeypatch.setattr(trainer.TargetFeatures, "__call__", spy)
+    conf = load_train_config(None, tiny_overrides(tmp_path, data=str(tmp_path / "data.jsonl"),
+                                                  extra_data=[str(answers)], distill=1.0,
+                                                  distill_topk=8))
+    train(conf, progress=False)
+    assert {i for i in visited if i >= 4_000_000} == {4_000_000 + k for k in range(4)}

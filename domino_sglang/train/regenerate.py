@@ -6,6 +6,8 @@ conversation up to a later user turn with the dataset's answers in between; or (
 a code-completion request for a documented standard-library function (data.python_functions)
 or a templated grade-school word problem (data.math_problems), or a templated general-chat
 request (data.chat_requests).
+`dataset_answers` instead keeps ShareGPT's OWN first answers (no server): off-policy text, for
+training with the target's distribution as the label (trainer `distill = 1`, `extra_data`).
 Prompts are tokenised with the target's chat template exactly as SGLang's OpenAI chat endpoint does
 (`apply_chat_template(add_generation_prompt=True)`; SmolLM2 has no thinking mode) and sent as
 `input_ids` to the native `/generate`, which returns the generated ids, so no re-tokenisation can
@@ -49,7 +51,8 @@ class RegenConfig:
 # their ids (< 17,671 conversations) and a stage's `max_id` below the stride excludes later turns.
 TURN_ID_STRIDE = 100_000
 # Prompts from other sources than ShareGPT: each source's first id (+ the prompt's index).
-SOURCE_ID_BASE = {"python": 1_000_000, "math": 2_000_000, "chat": 3_000_000}
+SOURCE_ID_BASE = {"python": 1_000_000, "math": 2_000_000, "chat": 3_000_000,
+                  "sharegpt-answers": 4_000_000}
 PYTHON_ID_BASE = SOURCE_ID_BASE["python"]
 
 
@@ -57,7 +60,13 @@ def chat_prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
     """The token ids SGLang's chat endpoint would feed the model for one user turn, or for chat
     messages ending with a user turn."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return _template_ids(tokenizer, messages, add_generation_prompt=True)
+
+
+def _template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    """The chat template's token ids of `messages`."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                        tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in newer transformers
         ids = ids["input_ids"]
     return list(ids)
@@ -105,17 +114,11 @@ def restore_snapshot(snapshot: Path, cache: Path) -> int:
     try:
         with gzip.open(snapshot, "rt", encoding="utf-8") as f:
             records = [json.loads(line) for line in f if line.strip()]
-        ids = [int(r["id"]) for r in records]
+        for rec in records:  # every record has an integer id
+            int(rec["id"])
     except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{snapshot}: not a regenerated-data snapshot ({exc})") from exc
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    done = recover(cache)
-    new = [rec for rec, i in zip(records, ids) if i not in done]
-    with cache.open("a") as out:
-        out.write("".join(json.dumps(rec) + "\n" for rec in new))
-        out.flush()
-        os.fsync(out.fileno())
-    return len(new)
+    return append_records(cache, records)
 
 
 def _generate(url: str, prompt_ids: list[int], conf: RegenConfig) -> dict:
@@ -225,6 +228,55 @@ def source_items(source: str, tokenizer, limit: int | None, max_prompt_tokens: i
             if limit is not None and len(out) >= limit:
                 break
     return out
+
+
+def dataset_answers(tokenizer, limit: int | None, max_prompt_tokens: int, max_new_tokens: int,
+                    first_id: int = 0) -> list[dict]:
+    """Records of ShareGPT's own answers to first turns (written by the dataset's assistant, not
+    the target): {"id": SOURCE_ID_BASE["sharegpt-answers"] + index, "prompt_ids" (the chat
+    prompt, as `sharegpt_items`), "output_ids", "finish"}, from conversation `first_id` on, at
+    most `limit` of them.
+
+    output_ids are the answer's tokens as the chat template lays out the two-turn conversation
+    (the template's tokens after the prompt, up to and including the turn's closing
+    <|im_end|>), cut at `max_new_tokens` (finish "length", else "dataset"); a conversation whose
+    templated ids do not start with its prompt's (a merge across the boundary) is skipped.
+    Their tokens are not what the target would say, so only the target's own distribution at
+    each position is a right label for them (the trainer's `distill = 1`)."""
+    from domino_sglang.data import sharegpt_conversations
+
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    out = []
+    for i, conv in enumerate(sharegpt_conversations()):
+        if i < first_id or len(conv) < 2:
+            continue
+        prompt_ids = chat_prompt_ids(tokenizer, conv[:1])
+        if len(prompt_ids) > max_prompt_tokens:
+            continue
+        full = _template_ids(tokenizer, conv[:2], add_generation_prompt=False)
+        answer = full[len(prompt_ids):]
+        if full[: len(prompt_ids)] != prompt_ids or end not in answer:
+            continue
+        answer = answer[: answer.index(end) + 1]  # the closing <|im_end|>, not what follows it
+        cut = len(answer) > max_new_tokens
+        out.append({"id": SOURCE_ID_BASE["sharegpt-answers"] + i, "prompt_ids": prompt_ids,
+                    "output_ids": answer[:max_new_tokens], "finish": "length" if cut else
+                    "dataset"})
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def append_records(out_path: Path, records: Iterable[dict]) -> int:
+    """Append to `out_path` the records whose ids it lacks (fsync'ed); returns how many."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    done = recover(out_path)
+    new = [rec for rec in records if int(rec["id"]) not in done]
+    with out_path.open("a") as out:
+        out.write("".join(json.dumps(rec) + "\n" for rec in new))
+        out.flush()
+        os.fsync(out.fileno())
+    return len(new)
 
 
 def python_items(tokenizer, limit: int | None, max_prompt_tokens: int, first_id: int = 0

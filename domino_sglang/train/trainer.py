@@ -40,6 +40,9 @@ class TrainConfigError(ValueError):
 @dataclass
 class TrainConfig:
     data: str = ""  # regenerated JSONL (domino-sglang regenerate)
+    extra_data: list = field(default_factory=list)  # more record JSONLs, trained on whole (no
+    #                   max_id / skip_ids, never held out): e.g. ShareGPT's own answers
+    #                   (`regenerate --source sharegpt-answers`), which need distill = 1
     out: str = ""  # run folder: checkpoint/, drafter/, log.jsonl
     target: str = ""  # target checkpoint folder (default: the prepared SmolLM2)
     init: str = ""  # start from this drafter folder (default: a fresh one from the fields below)
@@ -141,6 +144,9 @@ class TrainConfig:
                                   and 0 <= self.skip_ids[0] <= self.skip_ids[1]):
             raise TrainConfigError(f"train: 'skip_ids' must be [] or [first, last] with "
                                    f"0 <= first <= last, got {self.skip_ids}")
+        if not all(isinstance(p, str) and p for p in self.extra_data):
+            raise TrainConfigError(f"train: 'extra_data' must be a list of file paths, "
+                                   f"got {self.extra_data}")
         if self.draft_vocab < 0:
             raise TrainConfigError(f"train: 'draft_vocab' must be >= 0 (0: the full vocabulary), "
                                    f"got {self.draft_vocab}")
@@ -177,6 +183,9 @@ def load_train_config(path: str | Path | None, overrides: dict | None = None) ->
     for key in ("data", "out", "target", "init"):
         if isinstance(raw.get(key), str) and raw[key]:
             raw[key] = str(Path(raw[key]).expanduser())
+    if isinstance(raw.get("extra_data"), list):
+        raw["extra_data"] = [str(Path(p).expanduser()) if isinstance(p, str) and p else p
+                             for p in raw["extra_data"]]
     return TrainConfig(**raw).validate()
 
 
@@ -200,6 +209,31 @@ def load_records(path: str | Path, max_seq_len: int, max_id: int = -1,
     out.sort(key=lambda r: r["id"])
     if not out:
         raise TrainConfigError(f"train: {path} has no usable records")
+    return out
+
+
+def load_extra_records(paths: list[str], max_seq_len: int, distill: float,
+                       taken: set[int]) -> list[dict]:
+    """The records of `extra_data` (as load_records, all of them); ids must be new to `taken`.
+    The dataset's own answers (ids from SOURCE_ID_BASE["sharegpt-answers"]) are not the
+    target's, so their greedy labels would be wrong: they need distill = 1."""
+    from domino_sglang.train.regenerate import SOURCE_ID_BASE
+
+    out: list[dict] = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise TrainConfigError(f"train: extra_data {path} not found")
+        recs = load_records(path, max_seq_len)
+        clash = next((r["id"] for r in recs if r["id"] in taken), None)
+        if clash is not None:
+            raise TrainConfigError(f"train: extra_data {path}: record id {clash} is already in "
+                                   f"the training data")
+        if distill < 1 and any(r["id"] >= SOURCE_ID_BASE["sharegpt-answers"] for r in recs):
+            raise TrainConfigError(f"train: extra_data {path} holds the dataset's own answers "
+                                   f"(ids >= {SOURCE_ID_BASE['sharegpt-answers']}), which need "
+                                   f"'distill' = 1, got {distill}")
+        taken |= {r["id"] for r in recs}
+        out += recs
     return out
 
 
@@ -600,6 +634,9 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
     records = load_records(conf.data, conf.max_seq_len, conf.max_id, conf.skip_ids)
     held = records[-conf.eval_records:] if 0 < conf.eval_records < len(records) else []
     train_recs = records[: len(records) - len(held)]
+    top = max(r["id"] for r in train_recs)  # the draft vocabulary's voters: not the held-out
+    train_recs += load_extra_records(conf.extra_data, conf.max_seq_len, conf.distill,
+                                     {r["id"] for r in records})
     pool = epoch_pool(train_recs, conf.oversample)  # [n per epoch] indices into train_recs
 
     seed_dir = out / "init"  # the starting drafter in upstream layout (validates the config)
@@ -619,7 +656,6 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
                 weights.update(warm_start_weights(target, dconf0))
             save_drafter(seed_dir, dcfg, weights, dtype=torch.float32)
     if rank == 0 and conf.draft_vocab and not (out / VOCAB_FILE).exists():  # fixed for resumes
-        top = max(r["id"] for r in train_recs)  # the held-out answers do not vote
         write_draft_vocab(out, build_draft_vocab(conf.data, conf.draft_vocab, top, conf.skip_ids),
                           source=Path(conf.data).name, max_id=top)
     if world > 1:
