@@ -64,6 +64,10 @@ def main() -> None:
                     help="target features (default: float32 for --data, the serving dtype "
                          "for --eval-set)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context-vocab", action="store_true",
+                    help="also replay with each round's draft vocabulary widened by the tokens "
+                         "of the context so far (prompt + committed answer): an experiment, "
+                         "the server does not do it")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     conf = TrainConfig(data=str(args.data), out="-")  # anchors / max_seq_len as in training
@@ -100,7 +104,36 @@ def main() -> None:
             print(folder, name, json.dumps({**{k: round(v, 3) for k, v in taus.items()},
                                             "tau_replay": round(generated / sum(rounds), 3),
                                             "rounds": rounds}), flush=True)
+            if args.context_vocab:
+                wide = [replay_context_vocab(module, feats, r) for r in records]
+                print(folder, name, json.dumps({
+                    "tau_replay_context_vocab": round(generated / sum(wide), 3),
+                    "fewer": sum(w < r for w, r in zip(wide, rounds)),
+                    "more": sum(w > r for w, r in zip(wide, rounds))}), flush=True)
     print_round_changes(all_rounds)
+
+
+@torch.no_grad()
+def replay_context_vocab(module: DrafterTrainModule, feats: TargetFeatures, rec: dict) -> int:
+    """trainer.replay_rounds (fixed block, head on), each round drafting over the draft
+    vocabulary AND every token of the context so far, ids[:a + 1]."""
+    from domino_sglang.config import DEFAULT_CANDIDATE_POOL
+    from domino_sglang.rollout import greedy_rollout
+    from domino_sglang.train.trainer import _head_params
+
+    ids, f = torch.tensor(rec["ids"]), feats(rec)  # [T], [T, K*H]
+    full, vocab = _head_params(module).with_vocab(None), module.draft_vocab
+    T, B = len(ids), module.drafter.conf.block_size
+    a, rounds = rec["start"], 0
+    while a < T - 1:
+        rounds += 1
+        wide = ids[: a + 1] if vocab is None else torch.cat((vocab, ids[: a + 1]))
+        head = full.with_vocab(torch.unique(wide)) if vocab is not None else full
+        z, _, labels = module._blocks(ids, f, [a], B)  # [1, B-1, H], [1, B-1]
+        z = torch.cat((z, z[:, -1:]), dim=1)  # [1, B, H]
+        chain = greedy_rollout(z, ids[a:a + 1], head, DEFAULT_CANDIDATE_POOL)  # [1, B-1]
+        a += 1 + int((chain == labels).int().cumprod(dim=1).sum())
+    return rounds
 
 
 def print_round_changes(all_rounds: dict[Path, list[int]]) -> None:
