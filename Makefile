@@ -50,7 +50,7 @@ tools:
 
 test: target tools
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20 $(PYTEST_ARGS)
 
 test-fast: target
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not server and not soak" $(PYTEST_ARGS)
