@@ -27,17 +27,14 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
-from compare_drafters import eval_records  # noqa: E402
+from compare_drafters import add_eval_args, eval_records, offline_drafter  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--drafter", type=Path, default=None, help="default: the shipped drafter")
-    ap.add_argument("--eval-set", nargs="+", default=["mtbench", "humaneval", "gsm8k"])
-    ap.add_argument("--limit", type=int, default=20)
-    ap.add_argument("--max-tokens", type=int, default=128)
+    add_eval_args(ap)
     ap.add_argument("--blocks", nargs="+", type=int, default=[16, 8, 4, 3, 2])
     ap.add_argument("--top-k", type=int, default=1, help="also count top-2..K hits")
     ap.add_argument("--threads", type=int, default=2)
@@ -48,20 +45,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from domino_sglang.config import load_draft_config
-    from domino_sglang.cpu.dtype import default_cpu_dtype
-    from domino_sglang.model import DominoDrafter
-    from domino_sglang.paths import shipped_drafter_dir, target_dir
-    from domino_sglang.train.trainer import DrafterTrainModule, TargetFeatures, TrainConfig
+    from domino_sglang.paths import shipped_drafter_dir
+    from domino_sglang.train.trainer import TrainConfig
 
     prov = provenance.collect()
     folder = args.drafter or shipped_drafter_dir()
-    dconf = load_draft_config(folder)
-    if max(args.blocks) > dconf.block_size:
-        ap.error(f"--blocks: at most the drafter's block size {dconf.block_size}")
-    feats = TargetFeatures(target_dir(), list(dconf.target_layer_ids),
-                           getattr(torch, default_cpu_dtype()))
-    drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).eval()
-    module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+    if max(args.blocks) > load_draft_config(folder).block_size:
+        ap.error(f"--blocks: at most the drafter's block size "
+                 f"{load_draft_config(folder).block_size}")
+    dconf, feats, module = offline_drafter(folder, served_vocab=False)
     max_seq_len = TrainConfig(data="-", out="-").max_seq_len
     ks = range(1, args.top_k + 1)
     hits = {b: [0] * args.top_k for b in args.blocks}  # [k-1]: target token in the top k

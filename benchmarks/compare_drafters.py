@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from domino_sglang.config import load_draft_config
+from domino_sglang.config import DraftConfig, load_draft_config
 from domino_sglang.cpu.dtype import default_cpu_dtype
 from domino_sglang.model import DominoDrafter
 from domino_sglang.paths import target_dir
@@ -47,6 +47,31 @@ DEFAULT_DATA = Path("~/.cache/domino_sglang/data/sharegpt-greedy256.jsonl").expa
 # ~/.cache/domino_sglang/data/eval-mtbench-greedy128.jsonl --snapshot
 # benchmarks/data/eval-mtbench-greedy128.jsonl.gz` (and the same per set)
 EVAL_SNAPSHOTS = Path(__file__).resolve().parent / "data"
+
+
+def add_eval_args(ap: argparse.ArgumentParser) -> None:
+    """The offline studies' common flags: --drafter, --eval-set, --limit, --max-tokens."""
+    ap.add_argument("--drafter", type=Path, default=None, help="default: the shipped drafter")
+    ap.add_argument("--eval-set", nargs="+", default=["mtbench", "humaneval", "gsm8k"])
+    ap.add_argument("--limit", type=int, default=20)
+    ap.add_argument("--max-tokens", type=int, default=128)
+
+
+def offline_drafter(folder: Path, feats: TargetFeatures | None = None,
+                    feature_dtype: str | None = None, topk: int = 0, served_vocab: bool = True
+                    ) -> tuple[DraftConfig, TargetFeatures, DrafterTrainModule]:
+    """A drafter folder loaded for offline measurement: (its config, the target's features, the
+    drafter in fp32 as the trainer's module). The features are the target's in `feature_dtype`
+    (default: the serving dtype; `topk` > 0 keeps its top-k logits too), or `feats` reused;
+    served_vocab: over the folder's draft vocabulary, as the server drafts (else all V)."""
+    dconf = load_draft_config(folder)
+    if feats is None:
+        feats = TargetFeatures(target_dir(), list(dconf.target_layer_ids),
+                               getattr(torch, feature_dtype or default_cpu_dtype()), topk=topk)
+    drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).eval()
+    vocab = load_draft_vocab(folder, dconf.vocab_size) if served_vocab else None
+    return dconf, feats, DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight,
+                                            vocab)
 
 
 def main() -> None:
@@ -89,13 +114,7 @@ def main() -> None:
     feats = None
     all_rounds: dict[Path, list[int]] = {}  # folder -> verify rounds per answer, sets in order
     for folder in args.drafters:
-        dconf = load_draft_config(folder)
-        if feats is None:
-            feats = TargetFeatures(target_dir(), list(dconf.target_layer_ids),
-                                   getattr(torch, dtype))
-        drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).eval()
-        module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight,
-                                    load_draft_vocab(folder, dconf.vocab_size))  # as served
+        _, feats, module = offline_drafter(folder, feats, dtype)
         for name, records in sets.items():
             taus = rollout_tau(module, feats, records, conf)
             rounds = [replay_rounds(module, feats, r) for r in records]

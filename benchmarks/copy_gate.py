@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
-from compare_drafters import DEFAULT_DATA, eval_records  # noqa: E402
+from compare_drafters import DEFAULT_DATA, add_eval_args, eval_records, offline_drafter  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MAX_MATCH = 12  # as lookup.py
@@ -170,10 +170,7 @@ def rules(tab: dict, gate) -> dict[str, torch.Tensor]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--drafter", type=Path, default=None, help="default: the shipped drafter")
-    ap.add_argument("--eval-set", nargs="+", default=["mtbench", "humaneval", "gsm8k"])
-    ap.add_argument("--limit", type=int, default=20)
-    ap.add_argument("--max-tokens", type=int, default=128)
+    add_eval_args(ap)
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the gate's fitting data")
     ap.add_argument("--fit-min-id", type=int, default=3000000,
                     help="first record id the gate is fitted on; keep it above the drafter's "
@@ -186,27 +183,13 @@ def main() -> None:
         ap.error("--limit and --fit-count must be >= 1")
     torch.set_num_threads(args.threads)
 
-    from domino_sglang.config import DEFAULT_CANDIDATE_POOL, load_draft_config
-    from domino_sglang.cpu.dtype import default_cpu_dtype
-    from domino_sglang.model import DominoDrafter
-    from domino_sglang.paths import shipped_drafter_dir, target_dir
-    from domino_sglang.train.trainer import (
-        DrafterTrainModule,
-        TargetFeatures,
-        TrainConfig,
-        _head_params,
-        load_records,
-    )
-    from domino_sglang.vocab import load_draft_vocab
+    from domino_sglang.config import DEFAULT_CANDIDATE_POOL
+    from domino_sglang.paths import shipped_drafter_dir
+    from domino_sglang.train.trainer import TrainConfig, _head_params, load_records
 
     prov = provenance.collect()
     folder = args.drafter or shipped_drafter_dir()
-    dconf = load_draft_config(folder)
-    feats = TargetFeatures(target_dir(), list(dconf.target_layer_ids),
-                           getattr(torch, default_cpu_dtype()))
-    drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).eval()
-    module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight,
-                                load_draft_vocab(folder, dconf.vocab_size))
+    dconf, feats, module = offline_drafter(folder)
     head = _head_params(module)
     max_seq_len = TrainConfig(data="-", out="-").max_seq_len
     fit_recs = [r for r in load_records(args.data, max_seq_len)

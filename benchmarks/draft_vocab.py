@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
-from compare_drafters import DEFAULT_DATA, eval_records  # noqa: E402
+from compare_drafters import DEFAULT_DATA, eval_records, offline_drafter  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -46,20 +46,13 @@ def main() -> None:
         ap.error(f"--data {args.data} not found")
     torch.set_num_threads(args.threads)
 
-    from domino_sglang.config import load_draft_config
-    from domino_sglang.cpu.dtype import default_cpu_dtype
-    from domino_sglang.model import DominoDrafter
-    from domino_sglang.paths import shipped_drafter_dir, target_dir
-    from domino_sglang.train.trainer import DrafterTrainModule, TargetFeatures, TrainConfig
+    from domino_sglang.paths import shipped_drafter_dir
+    from domino_sglang.train.trainer import TrainConfig
     from domino_sglang.vocab import build_draft_vocab
 
     prov = provenance.collect()
     folder = args.drafter or shipped_drafter_dir()
-    dconf = load_draft_config(folder)
-    feats = TargetFeatures(target_dir(), list(dconf.target_layer_ids),
-                           getattr(torch, default_cpu_dtype()))
-    drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).eval()
-    module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+    dconf, feats, module = offline_drafter(folder, served_vocab=False)
     masks = {}  # N -> [V] additive mask: 0 inside the draft vocabulary, -inf outside
     for n in args.sizes:
         ids = torch.tensor(build_draft_vocab(args.data, n, args.max_id))

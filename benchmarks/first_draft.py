@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
-from compare_drafters import eval_records  # noqa: E402
+from compare_drafters import add_eval_args, eval_records, offline_drafter  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BINS = (0.0, 0.3, 0.5, 0.7, 0.9)  # lower edges of the p_max bins
@@ -50,10 +50,7 @@ def copies(ids: list[int], start: int) -> tuple[list[int | None], list[int | Non
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--drafter", type=Path, default=None, help="default: the shipped drafter")
-    ap.add_argument("--eval-set", nargs="+", default=["mtbench", "humaneval", "gsm8k"])
-    ap.add_argument("--limit", type=int, default=20)
-    ap.add_argument("--max-tokens", type=int, default=128)
+    add_eval_args(ap)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="first_draft")
     args = ap.parse_args()
@@ -61,30 +58,18 @@ def main() -> None:
         ap.error("--limit and --max-tokens must be >= 1")
     torch.set_num_threads(args.threads)
 
-    from domino_sglang.config import DEFAULT_CANDIDATE_POOL, load_draft_config
-    from domino_sglang.cpu.dtype import default_cpu_dtype
-    from domino_sglang.model import DominoDrafter
-    from domino_sglang.paths import shipped_drafter_dir, target_dir
+    from domino_sglang.config import DEFAULT_CANDIDATE_POOL
+    from domino_sglang.paths import shipped_drafter_dir
     from domino_sglang.rollout import greedy_rollout
-    from domino_sglang.train.trainer import (
-        DrafterTrainModule,
-        TargetFeatures,
-        TrainConfig,
-        _head_params,
-    )
-    from domino_sglang.vocab import load_draft_vocab
+    from domino_sglang.train.trainer import TrainConfig, _head_params
 
     prov = provenance.collect()
     folder = args.drafter or shipped_drafter_dir()
-    dconf = load_draft_config(folder)
-    feats = TargetFeatures(target_dir(), list(dconf.target_layer_ids),
-                           getattr(torch, default_cpu_dtype()), topk=64)
-    drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).eval()
-    vocab = load_draft_vocab(folder, dconf.vocab_size)  # [Vd] or None
+    dconf, feats, module = offline_drafter(folder, topk=64)
+    vocab = module.draft_vocab  # [Vd] or None
     in_vocab = torch.ones(dconf.vocab_size, dtype=torch.bool)
     if vocab is not None:
         in_vocab = torch.zeros_like(in_vocab).index_fill_(0, vocab, True)
-    module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight, vocab)
     head = _head_params(module)
     max_seq_len = TrainConfig(data="-", out="-").max_seq_len
     rows = []
