@@ -15,6 +15,7 @@ files are located without importing them.
 from __future__ import annotations
 
 import ast
+import functools
 import gzip
 import importlib.util
 import json
@@ -122,6 +123,11 @@ def python_functions(root: Path | None = None) -> list[str]:
     tokens, so training never re-derives it.
     """
     root = Path(sysconfig.get_paths()["stdlib"]) if root is None else root
+    return list(_python_functions(root))
+
+
+@functools.cache  # one scan per folder and process: the stdlib does not change under us (~3 s)
+def _python_functions(root: Path) -> tuple[str, ...]:
     evaluated = {p.rsplit("\ndef ", 1)[-1].split("(", 1)[0] for p in humaneval()}
     prompts = []
     for path in sorted(root.rglob("*.py")):
@@ -141,7 +147,7 @@ def python_functions(root: Path | None = None) -> list[str]:
             header = "\n".join(lines[node.lineno - 1: node.body[0].end_lineno])  # def .. docstring
             ask = _CODE_ASKS[len(prompts) % len(_CODE_ASKS)]
             prompts.append(f"{ask}\n\n```python\n{header}\n```")
-    return prompts
+    return tuple(prompts)
 
 
 # Word-problem templates (ours, written for this file; GSM8K's style of 2-4 step arithmetic, none
@@ -386,7 +392,8 @@ _CHAT_WORDS = {
 }
 
 
-def _stdlib_passages(min_chars: int = 300, max_chars: int = 1200) -> list[str]:
+@functools.cache  # one scan per process (~3 s); chat_requests calls it on every call
+def _stdlib_passages(min_chars: int = 300, max_chars: int = 1200) -> tuple[str, ...]:
     """Module docstrings of the standard library (sorted file order, test and tool packages
     skipped), cut to whole paragraphs of at most `max_chars`: real English passages for the
     extraction requests."""
@@ -406,7 +413,7 @@ def _stdlib_passages(min_chars: int = 300, max_chars: int = 1200) -> list[str]:
             text = f"{text}\n\n{para}" if text else para
         if len(text) >= min_chars:
             passages.append(text)
-    return passages
+    return tuple(passages)
 
 
 def chat_requests(n: int = 1500, seed: int = 0) -> list[str]:
