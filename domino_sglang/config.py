@@ -7,11 +7,12 @@ Upstream layout (SpecForge / SGLang `DFlashDraftModel`, as released for Qwen3-4B
                   head_dim, intermediate_size, rms_norm_eps, rope_theta, vocab_size), and
                   dflash_config {target_layer_ids, mask_token_id, projector_type: "domino",
                   shift_label: true, pure_draft_prefix_len: 1, gru_hidden_dim, emb_dim; ours,
-                  optional: candidate_pool, short_draft, draft_temperature_scale}
+                  optional: candidate_pool, short_draft, draft_temperature_scale, copy_gate}
     *.safetensors fc.weight [H, K*H], hidden_norm.weight [H], layers.N.* (Qwen3 decoder layers,
                   q_norm/k_norm), norm.weight [H], prefix_gru.weight_ih_l0 [3G, H],
                   prefix_gru.weight_hh_l0 [3G, G], embed_proj.0.weight [E, H+G],
-                  embed_proj.2.weight [V, E]
+                  embed_proj.2.weight [V, E]; ours, with copy_gate: copy_gate.weight
+                  [1, H + 13], copy_gate.bias [1] (pointer.py)
 
 Target-layer capture: `target_layer_ids[k] = i` means the OUTPUT of target decoder layer i
 (transformers' `hidden_states[i + 1]`), as SGLang's `set_dflash_layers_to_capture` does.
@@ -31,6 +32,8 @@ ARCHITECTURE = "DFlashDraftModel"
 # 27 ms with K = 2048 vs 54 ms over the full 49k vocabulary (benchmarks/head_cost.py).
 DEFAULT_CANDIDATE_POOL = 2048
 MIN_BLOCK, MAX_BLOCK = 2, 64
+# A pointer-generator drafter (pointer.py) one-hot encodes match lengths 0..12 for its copy gate.
+COPY_MAX_MATCH = 12
 
 
 class DrafterConfigError(ValueError):
@@ -64,6 +67,9 @@ class DraftConfig:
     # sampled requests (T > 0) draw drafts at temperature T * scale (sampling.py): < 1 sharpens
     # a drafter whose distributions are flatter than the target's (benchmarks/draft_temperature.py)
     draft_temperature_scale: float = 1.0
+    # a pointer-generator drafter (pointer.py): a copy gate mixes the history's copy candidate
+    # into every position's distribution; weights copy_gate.{weight,bias}
+    copy_gate: bool = False
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -83,6 +89,9 @@ class DraftConfig:
             "embed_proj.0.weight": (e, h + g),
             "embed_proj.2.weight": (self.vocab_size, e),
         }
+        if self.copy_gate:
+            shapes["copy_gate.weight"] = (1, h + COPY_MAX_MATCH + 1)
+            shapes["copy_gate.bias"] = (1,)
         for i in range(self.num_layers):
             p = f"layers.{i}."
             shapes.update({
@@ -191,6 +200,7 @@ def parse_draft_config(cfg: dict, path: str | Path, block_size: int | None = Non
         candidate_pool=_pool_field(dcfg, dwhere),
         short_draft=_field(dcfg, "short_draft", bool, dwhere, False),
         draft_temperature_scale=_field(dcfg, "draft_temperature_scale", float, dwhere, 1.0),
+        copy_gate=_field(dcfg, "copy_gate", bool, dwhere, False),
         raw=cfg,
     )
     if conf.num_heads % conf.num_kv_heads:

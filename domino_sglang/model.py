@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from domino_sglang.config import DraftConfig, load_draft_weights
+from domino_sglang.config import COPY_MAX_MATCH, DraftConfig, load_draft_weights
 from domino_sglang.rollout import HeadParams
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -136,6 +136,8 @@ class DominoDrafter(nn.Module):
             nn.SiLU(),
             nn.Linear(conf.emb_dim, conf.vocab_size, bias=False),
         )
+        # pointer-generator drafters only: g = sigmoid(w . [z ; onehot(match)] + b) (pointer.py)
+        self.copy_gate = (nn.Linear(h + COPY_MAX_MATCH + 1, 1) if conf.copy_gate else None)
 
     @classmethod
     def from_pretrained(cls, conf: DraftConfig, dtype: torch.dtype = torch.float32,

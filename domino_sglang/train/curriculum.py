@@ -30,6 +30,11 @@ logits at each label position (trainer.TargetFeatures.soft), every CE above beco
 
 (soft-label knowledge distillation, Hinton et al. 2015; for drafters, DistillSpec, Zhou et al.
 2023, which found the target's own distribution a better teacher for speculative acceptance.)
+
+Pointer-generator drafters (pointer.py; `copy` below): every CE, hard and soft, base and final,
+scores the mixture q = (1 - g) softmax(x) + g onehot(c) instead of softmax(x), with c the copy
+candidate of the teacher-forced history and g the drafter's gate; a label outside the draft
+vocabulary counts where it is the candidate (q puts g on it). The accuracies are q's argmax.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from domino_sglang.pointer import copy_wins, log_gate, mixed_log_prob
 
 IGNORE = -100
 
@@ -74,22 +81,59 @@ def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tenso
 
 
 def soft_ce(logits: torch.Tensor, soft_ids: torch.Tensor, soft_logits: torch.Tensor,
-            tau: float, vocab: torch.Tensor | None = None, vocab_size: int = 0
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+            tau: float, vocab: torch.Tensor | None = None, vocab_size: int = 0,
+            copy: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy of `logits` [.., V or Vd] against the target's top-k distribution.
 
     soft_ids [.., k] token ids and soft_logits [.., k] the target's logits of its k most likely
     tokens; with a draft vocabulary `vocab` [Vd] the ids outside it are dropped and p is
-    renormalised over the rest. Returns (ce [..], ok [..]): ok is False where no top-k token is
-    in the vocabulary (ce is 0 there).
+    renormalised over the rest. copy = (candidates, log g, log(1 - g)) [..]: the CE of the
+    pointer mixture q instead (module docstring), the candidate kept even outside `vocab`.
+    Returns (ce [..], ok [..]): ok is False where no top-k token can be drafted (ce is 0 there).
     """
     idx = soft_ids if vocab is None else vocab_labels(soft_ids, vocab, vocab_size)  # [.., k]
     inside = idx != IGNORE
+    if copy is not None:  # the candidate is in q's support where g > 0
+        inside = inside | ((soft_ids == copy[0][..., None]) & (copy[0][..., None] >= 0)
+                           & (copy[1][..., None] > float("-inf")))
     z = (soft_logits.float() / tau).masked_fill(~inside, float("-inf"))
     ok = inside.any(-1)
     p = torch.softmax(z.masked_fill(~ok[..., None], 0.0), -1) * inside  # [.., k]
     logq = torch.log_softmax(logits.float(), -1).gather(-1, idx.clamp_min(0))  # [.., k]
+    if copy is not None:
+        cand, log_g, log_1mg = (t[..., None] for t in copy)
+        logq = mixed_log_prob(logq.masked_fill(idx == IGNORE, float("-inf")), soft_ids, cand,
+                              log_g, log_1mg).masked_fill(~inside, 0.0)
     return -(p * logq).sum(-1) * ok, ok
+
+
+def gated_nll(logits: torch.Tensor, labels: torch.Tensor, ys: torch.Tensor,
+              copy: tuple[torch.Tensor, ...], vocab: torch.Tensor | None = None,
+              vocab_size: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-log q(y) of the pointer mixture (pointer.py) at every position.
+
+    logits [.., V or Vd], labels [..] token ids (IGNORE = masked), ys [..] their logit indices
+    (IGNORE outside the vocabulary `vocab` [Vd] of the full vocabulary's `vocab_size`),
+    copy = (candidates, log g, log(1 - g)) [..]. Returns
+    (nll [..], ok [..], q's greedy pick [..] token ids); ok is False where y cannot be drafted
+    (nll is 0 there).
+    """
+    cand, log_g, log_1mg = copy
+    logp = torch.log_softmax(logits.float(), -1)
+    lp_y = logp.gather(-1, ys.clamp_min(0)[..., None])[..., 0].masked_fill(ys == IGNORE,
+                                                                          float("-inf"))
+    lq = mixed_log_prob(lp_y, labels, cand, log_g, log_1mg)
+    ok = (labels != IGNORE) & torch.isfinite(lq)
+    lp_pick, pick = logp.max(-1)
+    if vocab is not None:
+        pick = vocab[pick]
+        c_idx = vocab_labels(cand.clamp_min(0), vocab, vocab_size)
+    else:
+        c_idx = cand.clamp_min(0)
+    lp_c = logp.gather(-1, c_idx.clamp_min(0)[..., None])[..., 0]
+    lp_c = lp_c.masked_fill((c_idx == IGNORE) | (cand < 0), float("-inf"))
+    pick = torch.where(copy_wins(lp_pick, lp_c, cand, log_g, log_1mg), cand, pick)
+    return (-lq).masked_fill(~ok, 0.0), ok, pick
 
 
 def head_correction(prefix_gru: nn.GRU, embed_proj: nn.Sequential, z: torch.Tensor,
@@ -122,7 +166,8 @@ def block_loss(z: torch.Tensor, prev_embeds: torch.Tensor, labels: torch.Tensor,
                lam: float, gamma: float,
                first: tuple[torch.Tensor, torch.Tensor] | None = None,
                vocab: torch.Tensor | None = None, soft: tuple | None = None,
-               distill: float = 0.0, tau: float = 1.0) -> tuple[torch.Tensor, dict]:
+               distill: float = 0.0, tau: float = 1.0,
+               copy: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, dict]:
     """The curriculum loss of N blocks and its per-position accuracies.
 
     z [N, P, H] (P = B-1 label positions), prev_embeds [N, P, H], labels [N, P] (token ids).
@@ -133,6 +178,8 @@ def block_loss(z: torch.Tensor, prev_embeds: torch.Tensor, labels: torch.Tensor,
     soft = (ids [N, P, k], logits [N, P, k], ids0 [M, k], logits0 [M, k]): the target's top-k at
     every label (and first-only label); with distill = beta > 0 each CE mixes in the soft CE at
     temperature tau (module docstring). Weighted and masked as the hard CE (its labels' IGNORE).
+    copy = (candidates [N, P], gate logits [N, P], candidates0 [M], gate logits0 [M]): a
+    pointer-generator drafter's copy path (pointer.py); every CE scores its mixture q.
     Returns (loss, stats) with stats = base/final CE and per-position accuracy counts.
     """
     n, p, h = z.shape
@@ -148,16 +195,31 @@ def block_loss(z: torch.Tensor, prev_embeds: torch.Tensor, labels: torch.Tensor,
                  (y0 != IGNORE).sum())
     use_soft = soft is not None and distill > 0
     vsize = lm_head_weight.shape[0]
+    gate = gate0 = None  # (candidates, log g, log(1 - g)) of the blocks and the first-only rows
+    if copy is not None:
+        gate = (copy[0], *log_gate(copy[1], copy[0]))
+        gate0 = (copy[2], *log_gate(copy[3], copy[2]))
+
+    def hard_ce(logits: torch.Tensor) -> torch.Tensor:
+        if gate is None:
+            return weighted_ce(logits, ys, w, extra)
+        nll, ok, _ = gated_nll(logits, labels, ys, gate, vocab, vsize)
+        wp = w[None, :] * ok
+        total, count = (nll * wp).sum(), wp.sum()
+        if first_logits is not None:
+            nll0, ok0, _ = gated_nll(first_logits, first[1], y0, gate0, vocab, vsize)
+            total, count = total + nll0.sum(), count + ok0.sum()
+        return total / count.clamp_min(1e-6)
 
     def ce(logits: torch.Tensor) -> torch.Tensor:  # [N, P, V or Vd] -> the mixed CE
-        hard = weighted_ce(logits, ys, w, extra)
+        hard = hard_ce(logits)
         if not use_soft:
             return hard
-        ce_p, ok = soft_ce(logits, soft[0], soft[1], tau, vocab, vsize)  # [N, P]
+        ce_p, ok = soft_ce(logits, soft[0], soft[1], tau, vocab, vsize, gate)  # [N, P]
         wp = w[None, :] * ok * (labels != IGNORE)
         total, count = (ce_p * wp).sum(), wp.sum()
         if first_logits is not None:
-            ce0, ok0 = soft_ce(first_logits, soft[2], soft[3], tau, vocab, vsize)  # [M]
+            ce0, ok0 = soft_ce(first_logits, soft[2], soft[3], tau, vocab, vsize, gate0)  # [M]
             ok0 = ok0 & (first[1] != IGNORE)
             total, count = total + (ce0 * ok0).sum(), count + ok0.sum()
         return (1.0 - distill) * hard + distill * total / count.clamp_min(1e-6)
@@ -172,18 +234,21 @@ def block_loss(z: torch.Tensor, prev_embeds: torch.Tensor, labels: torch.Tensor,
         loss = (1.0 - lam) * ce_final + lam * ce_base
     valid = labels != IGNORE  # a label outside the draft vocabulary is valid: always a miss
 
-    def token(idx: torch.Tensor) -> torch.Tensor:  # logit index -> token id
+    def token(logits: torch.Tensor, lab: torch.Tensor, y: torch.Tensor, g) -> torch.Tensor:
+        if g is not None:  # a pointer drafter drafts q's argmax
+            return gated_nll(logits, lab, y, g, vocab, vsize)[2]
+        idx = logits.argmax(-1)  # the drafted token ids (greedy)
         return idx if vocab is None else vocab[idx]
 
     with torch.no_grad():
         stats = {
             "ce_base": float(ce_base), "ce_final": float(ce_final),
             "valid": valid.sum(0).tolist(),
-            "correct_base": ((token(base.argmax(-1)) == labels) & valid).sum(0).tolist(),
-            "correct_final": ((token(final.argmax(-1)) == labels) & valid).sum(0).tolist(),
+            "correct_base": ((token(base, labels, ys, gate) == labels) & valid).sum(0).tolist(),
+            "correct_final": ((token(final, labels, ys, gate) == labels) & valid).sum(0).tolist(),
         }
         if first_logits is not None:  # position 0: base = final
-            hit = int(((token(first_logits.argmax(-1)) == first[1])
+            hit = int(((token(first_logits, first[1], y0, gate0) == first[1])
                        & (first[1] != IGNORE)).sum())
             stats["valid"][0] += int((first[1] != IGNORE).sum())  # misses too
             stats["correct_base"][0] += hit

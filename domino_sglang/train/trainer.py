@@ -29,6 +29,7 @@ from torch import nn
 from domino_sglang.config import load_draft_config, make_draft_config
 from domino_sglang.model import DominoDrafter, init_drafter_weights, save_drafter
 from domino_sglang.train.curriculum import IGNORE, accuracies, block_loss, lambda_at, tau_sim
+from domino_sglang.pointer import copy_table, gate_inputs
 from domino_sglang.vocab import FILE as VOCAB_FILE
 from domino_sglang.vocab import build_draft_vocab, load_draft_vocab, write_draft_vocab
 
@@ -97,6 +98,10 @@ class TrainConfig:
     #                       distribution in every CE (curriculum.py); 0 = the greedy labels only
     distill_topk: int = 64  # target logits kept per position (cached beside the features)
     distill_temperature: float = 1.0  # tau of the target's soft distribution
+    copy_gate: bool = False  # a pointer-generator drafter (pointer.py): every CE scores the
+    #                          mixture of its draft distribution and the history's copy
+    #                          candidate; an init drafter without a gate gets one (g ~ 0.12)
+    copy_gate_lr_scale: float = 20.0  # the gate's learning rate is lr times this
 
     def validate(self) -> TrainConfig:
         for key in ("data", "out"):
@@ -156,6 +161,9 @@ class TrainConfig:
             raise TrainConfigError(f"train: 'distill' must be in [0, 1], got {self.distill}")
         if self.distill_topk < 1:
             raise TrainConfigError(f"train: 'distill_topk' must be >= 1, got {self.distill_topk}")
+        if not self.copy_gate_lr_scale > 0:
+            raise TrainConfigError(f"train: 'copy_gate_lr_scale' must be positive, "
+                                   f"got {self.copy_gate_lr_scale}")
         if not self.distill_temperature > 0:
             raise TrainConfigError(f"train: 'distill_temperature' must be positive, "
                                    f"got {self.distill_temperature}")
@@ -407,10 +415,38 @@ class DrafterTrainModule(nn.Module):
                 tops[3].append(top_logits[n:, 0])
         z, prev, lab = torch.cat(zs), torch.cat(prevs), torch.cat(labels)  # [N, P, ..]
         assert z.shape[1] == P
+        copy = None
+        if self.drafter.copy_gate is not None:  # the copy path of a pointer drafter
+            z0 = torch.cat(z0s)
+            c, c0 = self._copies(items, P)  # (candidates, match lengths) [N, P] and [M]
+            gate = self.drafter.copy_gate
+            copy = (c[0], gate(gate_inputs(z, c[1])).squeeze(-1),
+                    c0[0], gate(gate_inputs(z0, c0[1])).squeeze(-1))
         return block_loss(z, prev, lab, self.lm_head_weight, self.drafter.prefix_gru,
                           self.drafter.embed_proj, lam, gamma, (torch.cat(z0s), torch.cat(y0s)),
                           self.draft_vocab, tuple(torch.cat(t) for t in tops)
-                          if soft is not None else None, distill, tau)
+                          if soft is not None else None, distill, tau, copy)
+
+    @staticmethod
+    def _copies(items: list[tuple], P: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """The copy candidate and match length (pointer.copy_table) of every label position:
+        for the block at anchor a, position k's history is x_0 .. x_{a+k} (teacher-forced).
+        Returns ((cand, match) [N, P] of the blocks, (cand, match) [M] of the first-only rows),
+        in `forward`'s order."""
+        blocks: list[list[torch.Tensor]] = [[], []]
+        firsts: list[list[torch.Tensor]] = [[], []]
+        for ids, _, anchors, *rest in items:
+            first = rest[0] if rest else []
+            cand, match = copy_table(ids.tolist())
+            ends = (torch.tensor(list(anchors) + list(first), dtype=torch.long)[:, None]
+                    + torch.arange(P)).clamp(max=len(ids) - 1)  # [n+m, P]
+            n = len(anchors)
+            blocks[0].append(cand[ends[:n]])
+            blocks[1].append(match[ends[:n]])
+            firsts[0].append(cand[ends[n:, 0]])
+            firsts[1].append(match[ends[n:, 0]])
+        return ((torch.cat(blocks[0]), torch.cat(blocks[1])),
+                (torch.cat(firsts[0]), torch.cat(firsts[1])))
 
     def _blocks(self, ids: torch.Tensor, feats: torch.Tensor, anchors: list[int], B: int,
                 lengths: torch.Tensor | None = None):
@@ -490,7 +526,18 @@ def _drafter_config(conf: TrainConfig, target: Path) -> dict:
                                 gru_hidden_dim=conf.gru_hidden_dim, emb_dim=conf.emb_dim)
     if conf.short_blocks > 0:
         cfg["dflash_config"]["short_draft"] = True
+    if conf.copy_gate:
+        cfg["dflash_config"]["copy_gate"] = True
     return cfg
+
+
+def add_copy_gate(weights: dict, hidden: int, bias: float = -2.0) -> dict:
+    """A new copy gate for a drafter without one (pointer.py): w = 0, b = `bias`, so it starts
+    as g = sigmoid(b) everywhere (0.12) and learns from there."""
+    from domino_sglang.config import COPY_MAX_MATCH
+
+    return {**weights, "copy_gate.weight": torch.zeros(1, hidden + COPY_MAX_MATCH + 1),
+            "copy_gate.bias": torch.full((1,), bias)}
 
 
 def _save_checkpoint(out: Path, model: DominoDrafter, opt: torch.optim.Optimizer, step: int,
@@ -641,9 +688,14 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
 
     seed_dir = out / "init"  # the starting drafter in upstream layout (validates the config)
     if rank == 0 and not (seed_dir / "config.json").exists():
-        if conf.init and (conf.add_layers or conf.grow_gru or conf.grow_emb):
+        init_gate = conf.init and json.loads((Path(conf.init) / "config.json").read_text())[
+            "dflash_config"].get("copy_gate", False)
+        if conf.init and (conf.add_layers or conf.grow_gru or conf.grow_emb
+                          or (conf.copy_gate and not init_gate)):
             weights = grow_drafter(Path(conf.init), target, conf.add_layers)
             weights = grow_head(weights, conf.grow_gru, conf.grow_emb, seed=conf.seed)
+            if conf.copy_gate and not init_gate:
+                weights = add_copy_gate(weights, dcfg["hidden_size"])
             save_drafter(seed_dir, dcfg, weights, dtype=torch.float32)
         elif conf.init:
             import shutil
@@ -669,7 +721,12 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
              else None)  # [Vd] token ids
     export = {VOCAB_FILE: (out / VOCAB_FILE).read_text()} if vocab is not None else None
     module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight, vocab)
-    opt = torch.optim.AdamW(drafter.parameters(), lr=conf.lr, weight_decay=conf.weight_decay,
+    gate = list(drafter.copy_gate.parameters()) if drafter.copy_gate is not None else []
+    rest = [p for p in drafter.parameters() if all(p is not g for g in gate)]
+    groups = [{"params": rest, "lr_scale": 1.0}]
+    if gate:  # a new gate starts far from its optimum (Adam moves a weight ~lr per step)
+        groups.append({"params": gate, "lr_scale": conf.copy_gate_lr_scale, "weight_decay": 0.0})
+    opt = torch.optim.AdamW(groups, lr=conf.lr, weight_decay=conf.weight_decay,
                             betas=(0.9, 0.95))
     step = 0
     ckpt = out / "checkpoint"
@@ -698,7 +755,7 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
     while step < conf.steps:
         lam = lambda_at(step, conf.steps, conf.lambda_decay_frac)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, conf)
+            group["lr"] = lr_at(step, conf) * group["lr_scale"]
         items, soft = [], [] if conf.distill else None
         for idx in step_records(len(pool), step, conf.batch_size, rank, world, conf.seed):
             rec = train_recs[pool[idx]]

@@ -1,0 +1,166 @@
+"""Pointer-generator drafters: copy candidates, the mixture's loss and picks, training, refusal."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from domino_sglang.pointer import copy_table, copy_wins, log_gate, mixed_log_prob
+from domino_sglang.train.curriculum import block_loss, gated_nll
+from tests.train_fixtures import tiny_overrides
+
+torch.set_num_threads(1)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def test_copy_table_is_the_quadratic_scan_at_every_position():
+    """copy_table's row t (dicts of n-grams) equals copy_gate.copy_candidate of ids[:t+1] (a
+    direct backward scan), on sequences with long repeats, runs and fresh tokens."""
+    from copy_gate import copy_candidate
+
+    rng = random.Random(0)
+    for trial in range(30):
+        vocab = rng.choice((2, 3, 5, 20))
+        ids = [rng.randrange(vocab) for _ in range(rng.randrange(1, 60))]
+        if trial % 3 == 0:  # a long copy: a 15-token span repeated, suffixes > 12 tokens
+            ids = ids + ids[:15] + [rng.randrange(vocab)]
+        cand, match = copy_table(ids)
+        for t in range(len(ids)):
+            assert (int(cand[t]), int(match[t])) == copy_candidate(ids[:t + 1]), (ids, t)
+    cand, match = copy_table([7, 8, 9, 7, 8])
+    assert cand.tolist() == [-1, -1, -1, 8, 9] and match.tolist() == [0, 0, 0, 1, 2]
+
+
+def test_mixture_log_prob_and_greedy_pick():
+    """q = (1 - g) p + g onehot(c): log q(y) by hand, g = 0 without a candidate, and q's argmax
+    takes the candidate exactly when (1 - g) p(c) + g > (1 - g) p(pick)."""
+    logit = torch.tensor([0.0, 0.0, 2.0])
+    cand = torch.tensor([3, -1, 3])
+    log_g, log_1mg = log_gate(logit, cand)
+    g = torch.sigmoid(logit)
+    assert log_g[1] == float("-inf") and log_1mg[1] == 0  # no candidate: q = p
+    p_y = torch.tensor([0.2, 0.2, 0.2])
+    token = torch.tensor([3, 3, 5])  # the label is the candidate in row 0 only
+    got = mixed_log_prob(p_y.log(), token, cand, log_g, log_1mg).exp()
+    want = torch.stack(((1 - g[0]) * 0.2 + g[0], torch.tensor(0.2), (1 - g[2]) * 0.2))
+    assert torch.allclose(got, want)
+    # the pick: p(pick) = 0.6, p(c) = 0.1; g = 0.5 -> 0.55 < 0.3? no: 0.05 + 0.5 = 0.55 > 0.3
+    lp_pick, lp_c = torch.tensor([0.6, 0.6]).log(), torch.tensor([0.1, 0.1]).log()
+    for gate_logit, want_copy in ((0.0, True), (-3.0, False)):  # g = 0.5 / 0.047
+        lg, l1g = log_gate(torch.full((2,), gate_logit), torch.tensor([4, 4]))
+        assert copy_wins(lp_pick, lp_c, torch.tensor([4, 4]), lg, l1g).tolist() == [want_copy] * 2
+
+
+def _loss_inputs(seed: int = 0, n: int = 3, p: int = 4, h: int = 8, v: int = 12):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, p, h, generator=g)
+    prev = torch.randn(n, p, h, generator=g)
+    labels = torch.randint(0, v, (n, p), generator=g)
+    labels[0, 3] = -100
+    lm = torch.randn(v, h, generator=g)
+    gru = torch.nn.GRU(h, 6, bias=False, batch_first=True)
+    proj = torch.nn.Sequential(torch.nn.Linear(h + 6, 5, bias=False), torch.nn.SiLU(),
+                               torch.nn.Linear(5, v, bias=False))
+    first = (torch.randn(5, h, generator=g), torch.randint(0, v, (5,), generator=g))
+    soft = (torch.randint(0, v, (n, p, 4), generator=g), torch.randn(n, p, 4, generator=g),
+            torch.randint(0, v, (5, 4), generator=g), torch.randn(5, 4, generator=g))
+    return z, prev, labels, lm, gru, proj, first, soft
+
+
+@pytest.mark.parametrize("distill", [0.0, 0.5])
+@pytest.mark.parametrize("vocab", [None, torch.tensor([0, 2, 3, 5, 7, 8, 11])])
+def test_a_closed_gate_is_the_plain_loss_and_an_open_one_is_the_mixture(distill, vocab):
+    """g = 0 (gate logits -inf) gives block_loss's plain loss and accuracies exactly, with or
+    without a draft vocabulary and distillation; an open gate on the right candidates lowers
+    the loss and lifts the accuracies (power: the mixture is scored)."""
+    z, prev, labels, lm, gru, proj, first, soft = _loss_inputs()
+    args = (z, prev, labels, lm, gru, proj, 0.3, 4.0, first, vocab, soft, distill, 1.0)
+    plain, st = block_loss(*args)
+    cand = torch.randint(0, 12, labels.shape, generator=torch.Generator().manual_seed(1))
+    cand0 = torch.randint(0, 12, (5,), generator=torch.Generator().manual_seed(2))
+    closed = (cand, torch.full(labels.shape, float("-inf")), cand0, torch.full((5,), float("-inf")))
+    same, st_same = block_loss(*args, closed)
+    assert torch.allclose(same, plain, atol=1e-6)
+    for key in ("valid", "correct_base", "correct_final"):
+        assert st_same[key] == st[key], key
+    assert st_same["ce_final"] == pytest.approx(st["ce_final"], abs=1e-5)
+    right = (labels.clamp_min(0), torch.full(labels.shape, 3.0), first[1], torch.full((5,), 3.0))
+    better, st_right = block_loss(*args, right)
+    assert better < plain - 0.5
+    assert sum(st_right["correct_final"]) == sum(st_right["valid"])  # g = 0.95 wins every pick
+
+
+def test_a_label_outside_the_draft_vocabulary_counts_when_it_is_the_candidate():
+    """With a draft vocabulary the drafter cannot draft token 9, but q puts g on it when it is
+    the copy candidate: -log q(9) = -log g there, and the position is scored (ok)."""
+    logits = torch.zeros(1, 2, 3)  # over vocab [0, 1, 2]
+    vocab = torch.tensor([0, 1, 2])
+    labels = torch.tensor([[9, 9]])
+    ys = torch.full_like(labels, -100)
+    cand = torch.tensor([[9, 1]])
+    lg, l1g = log_gate(torch.zeros(1, 2), cand)
+    nll, ok, pick = gated_nll(logits, labels, ys, (cand, lg, l1g), vocab, 12)
+    assert ok.tolist() == [[True, False]] and nll[0, 0] == pytest.approx(torch.log(torch.tensor(2.)))
+    assert pick[0, 0] == 9 and pick[0, 1] == 1  # g = 0.5 + 0.5/3 beats 0.5/3 in both rows
+
+
+def test_a_pointer_drafter_trains_from_a_gateless_init_and_resumes_exactly(tmp_path):
+    """copy_gate = true over an init drafter without a gate: the seed drafter gets one (w = 0,
+    b = -2) and otherwise the init's weights; training moves the gate; the export says
+    copy_gate and loads with its weights; an interrupted run resumes to the same weights."""
+    from safetensors.torch import load_file
+
+    from domino_sglang.config import load_draft_config, load_draft_weights
+    from domino_sglang.train.trainer import load_train_config, train
+
+    (tmp_path / "a").mkdir()
+    train(load_train_config(None, tiny_overrides(tmp_path / "a", steps=3)), progress=False)
+    init = tmp_path / "a" / "run" / "drafter"
+    runs = []
+    for name, stop in (("full", None), ("part", 3)):
+        conf = load_train_config(None, tiny_overrides(
+            tmp_path / "a", init=str(init), copy_gate=True, distill=0.5, distill_topk=8,
+            draft_vocab=40, out=str(tmp_path / name)))
+        if stop:
+            train(conf, progress=False, stop_at=stop)
+        train(conf, progress=False)
+        runs.append(torch.load(tmp_path / name / "checkpoint" / "drafter.pt", weights_only=True))
+    bad = [(k, float((runs[0][k] - runs[1][k]).abs().max())) for k in runs[0] if not torch.equal(runs[0][k], runs[1][k])]
+    assert not bad, bad
+    assert all(torch.isfinite(t).all() for t in runs[0].values())
+    seed = load_file(str(tmp_path / "full" / "init" / "model.safetensors"))
+    src = load_file(str(init / "model.safetensors"))
+    assert all(torch.equal(seed[k], src[k].float()) for k in src)
+    assert seed["copy_gate.weight"].abs().sum() == 0 and seed["copy_gate.bias"].item() == -2.0
+    assert not torch.equal(runs[0]["copy_gate.weight"], seed["copy_gate.weight"])
+    conf = load_draft_config(tmp_path / "full" / "drafter")
+    assert conf.copy_gate and "copy_gate.bias" in load_draft_weights(conf)
+    assert not load_draft_config(init).copy_gate
+
+
+def test_the_server_refuses_a_pointer_drafter(target_path, tmp_path):
+    """The served rollout does not apply a copy gate yet: resolving server arguments names the
+    field instead of serving the drafter's p alone."""
+    from types import SimpleNamespace
+
+    from domino_sglang.algorithm import DominoArgsError, resolve_server_args
+    from domino_sglang.train.trainer import add_copy_gate
+    from tests.drafters import make_random_drafter
+
+    src = make_random_drafter(target_path, tmp_path / "plain", 16)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["dflash_config"]["copy_gate"] = True
+    from domino_sglang.config import load_draft_config, load_draft_weights
+    from domino_sglang.model import save_drafter
+
+    weights = add_copy_gate(load_draft_weights(load_draft_config(src)), cfg["hidden_size"])
+    save_drafter(tmp_path / "pointer", cfg, weights)
+    args = SimpleNamespace(speculative_draft_model_path=str(tmp_path / "pointer"), pp_size=1,
+                           speculative_eagle_topk=None, speculative_num_draft_tokens=None)
+    with pytest.raises(DominoArgsError, match="dflash_config.copy_gate is true"):
+        resolve_server_args(args)
