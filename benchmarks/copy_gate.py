@@ -17,8 +17,13 @@ verify rounds a per-position choice between the drafter's token and a copy would
     log-probabilities of its pick and of c, n and i, fitted on held-out training-data answers
     the drafter never saw) at every position, or inside drafter rounds only (lookup rounds kept
     as served: no draft pass); and the oracle (the right one of the two, wherever either is).
+  - a pointer-generator drafter (pointer.py, trained with its gate): its own greedy pick, the
+    argmax of q = (1 - g) p + g onehot(c), at every position or inside drafter rounds only; p(c)
+    is 0 where the served p has no row for c (outside the draft vocabulary or, after position
+    0, the head's candidate pool).
 
     python benchmarks/copy_gate.py --fit-min-id 3000000 --fit-count 200
+    python benchmarks/copy_gate.py --drafter RUN/drafter --fit-count 0   # a pointer drafter
 """
 
 from __future__ import annotations
@@ -35,14 +40,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 from compare_drafters import DEFAULT_DATA, add_eval_args, eval_records, offline_drafter  # noqa: E402
 
+from domino_sglang.pointer import copy_table, copy_wins, gate_inputs, log_gate  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 MAX_MATCH = 12  # as lookup.py
 N_CLASSES = 6  # match lengths 1..5, 6+ as gate features
 
 
 def copy_candidate(h: list[int]) -> tuple[int, int]:
-    """(token, match length) after the most recent occurrence of the longest suffix (<= MAX_MATCH)
-    of h ending before h's last token; (-1, 0) when h's last token never occurred before."""
+    """The rule pointer.copy_table computes for every prefix at once, as a direct scan (its
+    reference in the tests): (token, match length) after the most recent occurrence of the
+    longest suffix (<= MAX_MATCH) of h ending before h's last token; (-1, 0) when h's last
+    token never occurred before."""
     best_n, best_s = 0, -1
     for s in range(len(h) - 2, -1, -1):
         if h[s] != h[-1]:
@@ -90,21 +99,30 @@ def position_table(module, head, feats, rec: dict, pool: int) -> dict[str, torch
         lse[:, i] = torch.logsumexp(logits, -1)
         pick[:, i] = ids_of(p)
         pick_lp[:, i] = logits.gather(1, p[:, None])[:, 0] - lse[:, i]
-    copy, match = torch.full((n, B - 1), -1), torch.zeros(n, B - 1, dtype=torch.long)
-    by_end = {e: copy_candidate(ids[:e]) for e in range(start + 1, T)}  # history ids[:e]
-    for j, a in enumerate(anchors):
-        for i in range(min(B - 1, T - 1 - a)):
-            copy[j, i], match[j, i] = by_end[a + i + 1]
+    table_c, table_n = copy_table(ids)  # row e: the candidate of the history ids[:e + 1]
+    ends = (torch.tensor(anchors)[:, None] + torch.arange(B - 1)).clamp(max=T - 1)  # [n, B-1]
+    copy, match = table_c[ends], table_n[ends]
     copy_lp = torch.full((n, B - 1), float("-inf"))
+    drafts = torch.ones(n, B - 1, dtype=torch.bool)  # whether p can draft the candidate at all
     lm, w2 = head.lm_head_weight.float(), head.embed_proj[2].weight.float()
     for i in range(B - 1):
         c = copy[:, i].clamp(min=0)
         logit = (lm[c] * z[:, i]).sum(-1)
         if i >= 1:
             logit = logit + (w2[c] * hidden[i]).sum(-1)
+            drafts[:, i] = (cand.ids == c[:, None]).any(1)  # in the head's candidate pool
+        elif head.vocab is not None:
+            drafts[:, i] = torch.isin(c, head.vocab)
         copy_lp[:, i] = torch.where(copy[:, i] >= 0, logit - lse[:, i], copy_lp[:, i])
-    return {"labels": labels, "pick": pick, "pick_lp": pick_lp, "copy": copy, "match": match,
-            "copy_lp": copy_lp}
+    out = {"labels": labels, "pick": pick, "pick_lp": pick_lp, "copy": copy, "match": match,
+           "copy_lp": copy_lp}
+    gate = module.drafter.copy_gate
+    if gate is not None:  # a pointer drafter: q's greedy pick (pointer.py), p(c) = 0 where the
+        #                  served p has no row for c (outside the vocabulary or the pool)
+        log_g, log_1mg = log_gate(gate(gate_inputs(z, match)).squeeze(-1), copy)
+        lp_c = copy_lp.masked_fill(~drafts, float("-inf"))
+        out["q_copies"] = copy_wins(pick_lp, lp_c, copy, log_g, log_1mg)
+    return out
 
 
 def gate_features(tab: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -156,16 +174,22 @@ def replay(tab: dict[str, torch.Tensor], use_copy: torch.Tensor) -> tuple[int, i
 
 
 def rules(tab: dict, gate) -> dict[str, torch.Tensor]:
-    """Each rule's use_copy [n, B-1]."""
+    """Each rule's use_copy [n, B-1]; the fitted gate's if `gate` is not None, a pointer
+    drafter's own (its trained gate, q's argmax) if the table has it."""
     has = tab["copy"] >= 0
     lookup_round = (tab["match"][:, :1] >= 2) & has  # the anchor's suffix of >= 2 recurs
-    w, mu, sd = gate
-    gated = has & (((gate_features(tab) - mu) / sd) @ w[:-1] + w[-1] > 0)
     right = (tab["copy"] == tab["labels"]) & (tab["pick"] != tab["labels"])
-    return {"drafter": torch.zeros_like(has), "served (lookup rounds)": lookup_round,
-            "copy n>=2": tab["match"] >= 2, "copy n>=3": tab["match"] >= 3,
-            "gate": gated, "gate in drafter rounds": torch.where(lookup_round, has, gated),
-            "oracle": right}
+    out = {"drafter": torch.zeros_like(has), "served (lookup rounds)": lookup_round,
+           "copy n>=2": tab["match"] >= 2, "copy n>=3": tab["match"] >= 3}
+    if gate is not None:
+        w, mu, sd = gate
+        gated = has & (((gate_features(tab) - mu) / sd) @ w[:-1] + w[-1] > 0)
+        out |= {"gate": gated, "gate in drafter rounds": torch.where(lookup_round, has, gated)}
+    if "q_copies" in tab:
+        q = tab["q_copies"]
+        out |= {"pointer drafter": q,
+                "pointer drafter in drafter rounds": torch.where(lookup_round, has, q)}
+    return out | {"oracle": right}
 
 
 def main() -> None:
@@ -175,12 +199,13 @@ def main() -> None:
     ap.add_argument("--fit-min-id", type=int, default=3000000,
                     help="first record id the gate is fitted on; keep it above the drafter's "
                          "training max_id (stage 26's recipe: 2999999)")
-    ap.add_argument("--fit-count", type=int, default=200)
+    ap.add_argument("--fit-count", type=int, default=200,
+                    help="0: no fitted gate (a pointer drafter's own gate is always replayed)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="copy_gate")
     args = ap.parse_args()
-    if args.limit < 1 or args.fit_count < 1:
-        ap.error("--limit and --fit-count must be >= 1")
+    if args.limit < 1 or args.fit_count < 0:
+        ap.error("--limit must be >= 1 and --fit-count >= 0")
     torch.set_num_threads(args.threads)
 
     from domino_sglang.config import DEFAULT_CANDIDATE_POOL
@@ -192,13 +217,15 @@ def main() -> None:
     dconf, feats, module = offline_drafter(folder)
     head = _head_params(module)
     max_seq_len = TrainConfig(data="-", out="-").max_seq_len
-    fit_recs = [r for r in load_records(args.data, max_seq_len)
-                if args.fit_min_id <= r["id"] < args.fit_min_id + args.fit_count]
-    if not fit_recs:
-        ap.error(f"--data {args.data} has no records with ids from {args.fit_min_id}")
-    fit = [position_table(module, head, feats, r, DEFAULT_CANDIDATE_POOL) for r in fit_recs]
-    gate = fit_gate(fit)
-    print(f"gate fitted on {len(fit)} records", flush=True)
+    fit, gate = [], None
+    if args.fit_count:
+        fit_recs = [r for r in load_records(args.data, max_seq_len)
+                    if args.fit_min_id <= r["id"] < args.fit_min_id + args.fit_count]
+        if not fit_recs:
+            ap.error(f"--data {args.data} has no records with ids from {args.fit_min_id}")
+        fit = [position_table(module, head, feats, r, DEFAULT_CANDIDATE_POOL) for r in fit_recs]
+        gate = fit_gate(fit)
+        print(f"gate fitted on {len(fit)} records", flush=True)
     rows = []
     for name in args.eval_set:
         recs = eval_records(name, args.limit, args.max_tokens, None, max_seq_len)
@@ -225,7 +252,8 @@ def main() -> None:
              f"{args.limit} prompts per set, {args.max_tokens} tokens, fixed block "
              f"{dconf.block_size}, greedy, teacher-forced exact replay", "",
              provenance.markdown_header(prov), f"- drafter: `{folder}`",
-             f"- gate fitted on {len(fit)} records of `{args.data}` from id {args.fit_min_id}",
+             f"- gate fitted on {len(fit)} records of `{args.data}` from id {args.fit_min_id}"
+             if fit else "- no fitted gate (--fit-count 0)",
              "", "| rule | " + " | ".join(r["set"] for r in rows) + " | total rounds |",
              "|---" * (len(rows) + 2) + "|"]
     for k in names:

@@ -110,10 +110,6 @@ def resolve_server_args(server_args) -> None:
         conf = load_draft_config(path, int(flag_block) if flag_block is not None else None)
     except DrafterConfigError as exc:
         raise DominoArgsError(str(exc)) from exc
-    if conf.copy_gate:  # its p is trained to leave copies to the gate: serving p alone is worse
-        raise DominoArgsError(f"{path}: dflash_config.copy_gate is true, a pointer-generator "
-                              "drafter; the server's rollout does not apply its copy gate yet "
-                              "(training and benchmarks/copy_gate.py only)")
     _set(server_args, "speculative_num_steps", 1, "one parallel draft pass per round")
     _set(server_args, "speculative_eagle_topk", 1, "chain verification")
     _set(server_args, "speculative_num_draft_tokens", conf.block_size,

@@ -15,6 +15,13 @@ training, committed tokens + the chain at serve time),
 p_i the drafter's own distribution (backbone at i = 0, backbone + head after). q_i is what is
 drafted and, sampled, what is verified (a proper distribution: exact as any other q). Trained in
 the same CE as p (curriculum.py), p no longer has to spend its mass where the copy is right.
+
+Serving (worker.py `pointer_copy`, rollout.py `pointer_pick`, sampling.py `pointer_sample`): each
+running request keeps a CopyIndex of its history, extended by the tokens committed since its
+last round; at position i the rollout asks it for (c_i, n_i) of history + the chain drafted so
+far, so serving sees exactly the candidates training did. Greedy drafts argmax q; sampled
+requests draw from q and verify against it. p(c) is 0 where the served p has no row for c
+(outside the draft vocabulary or the head's candidate pool): the copy can draft any token.
 """
 
 from __future__ import annotations
@@ -81,3 +88,80 @@ def copy_wins(log_p_pick: torch.Tensor, log_p_cand: torch.Tensor, cand: torch.Te
     """Greedy argmax of q [..] bool: the candidate beats the drafter's own pick when
     (1 - g) p(c) + g > (1 - g) p(pick)."""
     return (cand >= 0) & (torch.logaddexp(log_1mg + log_p_cand, log_g) > log_1mg + log_p_pick)
+
+
+class CopyIndex:
+    """A request's copy candidates at serve time, by copy_table's rule, kept across rounds.
+
+    The committed history h (x_t last) is indexed incrementally: for every n <= max_match, the
+    n-gram ending at each position e <= len(h) - 2 -> the last such e (x_t's own n-grams are
+    not occurrences before x_t). `candidate(chain)` answers for the history h + chain (the
+    drafts d_1..d_i chosen so far this round) without indexing the chain: occurrences ending
+    at x_t or inside the chain are found by a scan of those <= B positions, the rest in the
+    dicts, the longest suffix first and the most recent occurrence of it. So position i of a
+    round gets exactly copy_table(h + chain)[-1], as the drafter was trained.
+    """
+
+    def __init__(self, max_match: int = COPY_MAX_MATCH):
+        self.max_match = max_match
+        self.tokens: list[int] = []
+        self.last: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_match + 1)]
+
+    def sync(self, history: list[int]) -> None:
+        """Index `history` (x_t last): only its new tokens, unless it no longer extends what was
+        indexed (a request restarted), which is indexed afresh."""
+        done = max(len(self.tokens) - 1, 0)  # ends indexed: 0 .. len(tokens) - 2
+        if history[:len(self.tokens)] != self.tokens:
+            self.__init__(self.max_match)
+            done = 0
+        self.tokens = list(history)
+        for e in range(done, len(history) - 1):
+            for n in range(1, min(self.max_match, e + 1) + 1):
+                self.last[n][tuple(history[e - n + 1: e + 1])] = e
+
+    def candidate(self, chain: list[int]) -> tuple[int, int]:
+        """(c, n) of the history + chain S: the token after the most recent occurrence of its
+        longest recurring suffix (n <= max_match tokens); (NO_COPY, 0) if its last token is new.
+
+        An occurrence ending at x_t or in the chain (end e >= len(h) - 1) starts at most
+        max_match - 1 tokens before x_t, so the tail of h and the chain hold it; any earlier
+        one is in the dicts, and is older."""
+        h = self.tokens
+        off = max(len(h) - self.max_match, 0)
+        tail = h[off:] + chain  # tail[k] = S[k + off]
+        t = len(h) + len(chain) - 1  # S's last position
+        for n in range(min(self.max_match, t), 0, -1):
+            key = tail[len(tail) - n:]
+            for e in range(t - 1, len(h) - 2, -1):  # at x_t or in the chain, most recent first
+                if e - n + 1 >= off and tail[e - n + 1 - off: e + 1 - off] == key:
+                    return tail[e + 1 - off], n
+            s = self.last[n].get(tuple(key))  # ends <= len(h) - 2: s + 1 is in h
+            if s is not None:
+                return h[s + 1], n
+        return NO_COPY, 0
+
+
+class PointerCopy:
+    """What a round's rollout needs for a pointer drafter's copy path: the gate and, per request,
+    the copy index of its history (x_t last) and the chain drafted so far this round."""
+
+    def __init__(self, gate: torch.nn.Linear, indexes: list[CopyIndex], device: torch.device):
+        self.gate, self.indexes, self.device = gate, indexes, device
+        self.chains: list[list[int]] = [[] for _ in indexes]
+
+    def candidates(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(c, n) [bs] of every request's history + chain so far (host lookups)."""
+        found = [ix.candidate(ch) for ix, ch in zip(self.indexes, self.chains)]
+        out = torch.tensor(found, dtype=torch.int64).view(-1, 2).to(self.device)
+        return out[:, 0], out[:, 1]
+
+    def log_gate(self, z_i: torch.Tensor, cand: torch.Tensor, match: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log g, log(1 - g)) [bs] float32 at a position whose states are z_i [bs, H]."""
+        w = self.gate.weight
+        return log_gate(self.gate(gate_inputs(z_i.to(w.dtype), match)).squeeze(-1), cand)
+
+    def append(self, tokens: torch.Tensor) -> None:
+        """The tokens [bs] chosen at this position join each chain."""
+        for chain, tok in zip(self.chains, tokens.tolist()):
+            chain.append(tok)

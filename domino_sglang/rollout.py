@@ -35,6 +35,7 @@ from torch import nn
 
 from domino_sglang.cpu.argmax import argmax
 from domino_sglang.cpu.linear import packed_linear
+from domino_sglang.pointer import PointerCopy, copy_wins
 
 
 def gru_step(gru: nn.GRU, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -135,23 +136,63 @@ def base_logits(z: torch.Tensor, head: HeadParams) -> torch.Tensor:
     return F.linear(zz, weight).float().view(bs, n, -1)
 
 
+def copy_column(c: torch.Tensor, head: HeadParams, pool_ids: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the copy candidates c [bs] sit among a position's logit columns: (column [bs],
+    present [bs] bool). The columns are the candidate pool's token ids [bs, K], else the draft
+    vocabulary (or all V); a candidate outside them (or none, c < 0) is not present."""
+    if pool_ids is not None:
+        hit = pool_ids == c[:, None]  # [bs, K]
+        return hit.int().argmax(dim=1), hit.any(dim=1)
+    if head.vocab is not None:
+        hit = head.vocab[None, :] == c[:, None]  # [bs, Vd]
+        return hit.int().argmax(dim=1), hit.any(dim=1)
+    return c.clamp(min=0), c >= 0
+
+
+def pointer_pick(copy: PointerCopy, z_i: torch.Tensor, logits: torch.Tensor,
+                 pick: torch.Tensor, head: HeadParams, pool_ids: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+    """A pointer drafter's greedy draft at one position (pointer.py): the argmax of
+    q = (1 - g) softmax(logits) + g onehot(c), i.e. c when (1 - g) p(c) + g > (1 - g) p(pick).
+    logits [bs, K] over the position's columns (copy_column), pick [bs] the argmax's token ids.
+    Returns the tokens [bs], which also join the copy path's chains."""
+    c, n = copy.candidates()
+    log_g, log_1mg = copy.log_gate(z_i, c, n)
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [bs, K]
+    col, present = copy_column(c, head, pool_ids)
+    lp_c = logp.gather(1, col[:, None]).squeeze(1).masked_fill(~present, float("-inf"))
+    out = torch.where(copy_wins(logp.amax(dim=-1), lp_c, c, log_g, log_1mg), c, pick)
+    copy.append(out)
+    return out
+
+
 @torch.no_grad()
 def greedy_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams,
-                   candidate_pool: int = 0, use_head: bool = True, return_base_pick: bool = False
+                   candidate_pool: int = 0, use_head: bool = True, return_base_pick: bool = False,
+                   copy: PointerCopy | None = None
                    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Greedy chain d_1..d_{B-1} for every request: [bs, B-1] token ids.
 
     z [bs, B, H], bonus [bs] (the verified token x_t). use_head=False gives the backbone-only
     (DFlash) chain from the same checkpoint. return_base_pick=True also returns the backbone's
-    own argmax at each position, [bs, B-1] (where the head changed it: metrics).
+    own argmax at each position, [bs, B-1] (where the head changed it: metrics). copy: a
+    pointer drafter's copy path (pointer.py): every position drafts q's argmax (pointer_pick).
     """
     base = base_logits(z, head)  # [bs, B-1, V]
     n = base.shape[1]
-    if not use_head:
+    if not use_head and copy is None:
         chain = head.token_ids(argmax(base))
         return (chain, chain) if return_base_pick else chain
+    if not use_head:  # backbone only, position by position: the copies depend on the chain
+        picks = head.token_ids(argmax(base))  # [bs, B-1]
+        chain = torch.stack([pointer_pick(copy, z[:, i], base[:, i], picks[:, i], head)
+                             for i in range(n)], dim=1)
+        return (chain, picks) if return_base_pick else chain
     cand = make_candidates(base, head, candidate_pool)
     first = head.token_ids(argmax(base[:, 0]))  # [bs]
+    if copy is not None:
+        first = pointer_pick(copy, z[:, 0], base[:, 0], first, head)
     proposals = [first]
     g = head.prefix_gru.hidden_size
     s = z.new_zeros(z.shape[0], g, dtype=head.prefix_gru.weight_hh_l0.dtype)
@@ -164,6 +205,9 @@ def greedy_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams,
         pick = argmax(logits)
         nxt = (head.token_ids(pick) if cand is None
                else torch.gather(cand.ids, 1, pick[:, None]).squeeze(1))
+        if copy is not None:
+            nxt = pointer_pick(copy, zh[:, i], logits, nxt, head,
+                               None if cand is None else cand.ids)
         proposals.append(nxt)
         if i + 1 < n:
             s = gru_step(head.prefix_gru, head.embed(nxt).to(gdtype), s)

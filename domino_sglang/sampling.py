@@ -41,7 +41,15 @@ from dataclasses import dataclass, replace
 import torch
 
 from domino_sglang.cpu.argmax import argmax
-from domino_sglang.rollout import HeadParams, base_logits, gru_step, head_step, make_candidates
+from domino_sglang.pointer import PointerCopy, copy_wins
+from domino_sglang.rollout import (
+    HeadParams,
+    base_logits,
+    copy_column,
+    gru_step,
+    head_step,
+    make_candidates,
+)
 
 DRAFT, ACCEPT, RESAMPLE = 0, 1, 2
 _M32 = 0xFFFFFFFF
@@ -182,16 +190,47 @@ def spread(qd: torch.Tensor, head: HeadParams) -> torch.Tensor:
     return qd.new_zeros(*qd.shape[:-1], head.vocab_size).index_copy_(-1, head.vocab, qd)
 
 
+def pointer_sample(copy: PointerCopy, z_i: torch.Tensor, logits: torch.Tensor,
+                   probs: torch.Tensor, rows: SamplingRows, u: torch.Tensor, head: HeadParams,
+                   pool_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pointer drafter's sampled draft at one position (pointer.py): d ~ q with
+    q = (1 - g) probs + g onehot(c), probs [bs, K] the processed distribution over the
+    position's columns (copy_column), logits [bs, K] before processing. A greedy row drafts q's
+    argmax (g becomes 1 where c wins, else 0), as greedy_rollout. Returns (d [bs], q [bs, V]);
+    q is exactly what d was drawn from, so verification stays exact."""
+    c, n = copy.candidates()
+    log_g, log_1mg = copy.log_gate(z_i, c, n)
+    if rows.has_greedy:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        col, present = copy_column(c, head, pool_ids)
+        lp_c = logp.gather(1, col[:, None]).squeeze(1).masked_fill(~present, float("-inf"))
+        wins = copy_wins(logp.amax(dim=-1), lp_c, c, log_g, log_1mg)
+        g = torch.where(rows.greedy, wins.float(), log_g.exp())  # [bs]
+    else:
+        g = log_g.exp()  # 0 where there is no candidate
+    cols = (pool_ids if pool_ids is not None
+            else (head.vocab if head.vocab is not None
+                  else torch.arange(probs.shape[1], device=probs.device)).expand_as(probs))
+    kept = probs * (1.0 - g)[:, None]  # [bs, K]
+    ids = torch.cat((cols, c.clamp(min=0)[:, None]), dim=1)  # [bs, K + 1]
+    d = ids.gather(1, sample_from(torch.cat((kept, g[:, None]), dim=1), u)[:, None]).squeeze(1)
+    q = kept.new_zeros(kept.shape[0], head.vocab_size).scatter_(1, cols, kept)
+    q.scatter_add_(1, c.clamp(min=0)[:, None], g[:, None])
+    copy.append(d)
+    return d, q
+
+
 @torch.no_grad()
 def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows: SamplingRows,
                     u_draft: torch.Tensor, candidate_pool: int = 0, use_head: bool = True,
-                    logit_bias: torch.Tensor | None = None, temperature_scale: float = 1.0
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    logit_bias: torch.Tensor | None = None, temperature_scale: float = 1.0,
+                    copy: PointerCopy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sampled chain: drafts [bs, n] and the distributions they were drawn from, q [bs, n, V].
 
     z [bs, B, H], bonus [bs] (x_t), u_draft [bs, n], logit_bias [bs, V] (the request's, added
     to every draft logit as the target gets it). With a candidate pool, q is zero outside it.
-    temperature_scale: q at temperature T * scale (module docstring).
+    temperature_scale: q at temperature T * scale (module docstring). copy: a pointer
+    drafter's copy path: every q is mixed with the copy candidate (pointer_sample).
     """
     rows = rows.tempered(temperature_scale)
     base = base_logits(z, head)  # [bs, n, V] fp32 ([bs, n, Vd] over a draft vocabulary)
@@ -199,15 +238,23 @@ def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows
         bias = logit_bias if head.vocab is None else logit_bias[:, head.vocab]
         base = base + bias[:, None, :]
     n, vocab = base.shape[1], head.vocab_size
-    if not use_head:
+    if not use_head and copy is None:
         qd = process_logits(base.reshape(-1, base.shape[2]), rows.repeat(n))
         drafts = head.token_ids(sample_from(qd, u_draft.reshape(-1))).view(-1, n)
         return drafts, spread(qd, head).view(-1, n, vocab)
+    if not use_head:  # backbone only, position by position: the copies depend on the chain
+        out = [pointer_sample(copy, z[:, i], base[:, i], process_logits(base[:, i], rows), rows,
+                              u_draft[:, i], head) for i in range(n)]
+        return torch.stack([d for d, _ in out], dim=1), torch.stack([q for _, q in out], dim=1)
     cand = make_candidates(base, head, candidate_pool)
     q = base.new_zeros(base.shape[0], n, vocab)  # [bs, n, V]; with a pool, q_i (i >= 1) is 0
     q0 = process_logits(base[:, 0], rows)  # outside it; with a draft vocabulary, outside that
-    q[:, 0] = spread(q0, head)
-    drafts = [head.token_ids(sample_from(q0, u_draft[:, 0]))]
+    if copy is not None:
+        d0, q[:, 0] = pointer_sample(copy, z[:, 0], base[:, 0], q0, rows, u_draft[:, 0], head)
+        drafts = [d0]
+    else:
+        q[:, 0] = spread(q0, head)
+        drafts = [head.token_ids(sample_from(q0, u_draft[:, 0]))]
     gdtype = head.prefix_gru.weight_hh_l0.dtype
     s = z.new_zeros(z.shape[0], head.prefix_gru.hidden_size, dtype=gdtype)
     s = gru_step(head.prefix_gru, head.embed(bonus).to(gdtype), s)
@@ -215,7 +262,11 @@ def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows
     zh = z.to(gdtype)
     for i in range(1, n):
         logits = head_step(head, zh[:, i], s, base[:, i].to(gdtype), cand, i).float()
-        if cand is None:
+        if copy is not None:
+            d, q[:, i] = pointer_sample(copy, zh[:, i], logits, process_logits(logits, rows),
+                                        rows, u_draft[:, i], head,
+                                        None if cand is None else cand.ids)
+        elif cand is None:
             qd = process_logits(logits, rows)
             q[:, i] = spread(qd, head)
             d = head.token_ids(sample_from(qd, u_draft[:, i]))

@@ -56,6 +56,7 @@ from domino_sglang.cpu.argmax import argmax
 from domino_sglang.lookup import has_recurring_suffix, lookup_batch, lookup_from_env
 from domino_sglang.metrics import DominoMetrics, RoundClock, head_change_outcomes
 from domino_sglang.model import sglang_draft_model_class
+from domino_sglang.pointer import CopyIndex, PointerCopy
 from domino_sglang.policy import SpeculationPolicy, cost_model
 from domino_sglang.rollout import greedy_rollout
 from domino_sglang.sampling import (
@@ -132,6 +133,11 @@ class DominoWorker(BaseSpecWorker):
             drafter = self.draft_model.drafter
             cpu_linear.pack_linears(drafter.fc)
             cpu_linear.pack_linears(drafter.layers)
+        # a pointer-generator drafter (pointer.py): its copy gate, in the head's dtype, and each
+        # running request's copy index, extended round by round (request id -> CopyIndex)
+        gate = self.draft_model.drafter.copy_gate
+        self.copy_gate = gate.to(head_dtype) if gate is not None and head_dtype else gate
+        self.copy_indexes: dict[str, CopyIndex] = {}
         if self.head.vocab is not None:
             logger.info("DOMINO draft vocabulary: %d of %d tokens (%s)",
                         len(self.head.vocab), conf.vocab_size, conf.path)
@@ -397,16 +403,31 @@ class DominoWorker(BaseSpecWorker):
         z = self.draft_block(batch, chain[:, :width], positions[:, :width].reshape(-1),
                              slots[:, :width].reshape(-1))  # [bs, W, H]
         z = z[:, :block]  # [bs, L, H]: the head at position i reads z_i only
+        copy = self.pointer_copy(batch, chain[:, 0]) if self.copy_gate is not None else None
         if rows is not None:
             chain[:, 1:block], q = sampled_rollout(
                 z, chain[:, 0], self.head, rows, u.draft, self.candidate_pool,
                 use_head=self.use_head, logit_bias=batch.sampling_info.logit_bias,
-                temperature_scale=self.draft_temperature_scale)
+                temperature_scale=self.draft_temperature_scale, copy=copy)
             return q
         chain[:, 1:block], base_pick = greedy_rollout(
             z, chain[:, 0], self.head, self.candidate_pool, use_head=self.use_head,
-            return_base_pick=True)
+            return_base_pick=True, copy=copy)
         return base_pick
+
+    def pointer_copy(self, batch, bonus: torch.Tensor) -> PointerCopy:
+        """A pointer drafter's copy path for this round (pointer.py): each request's copy index
+        brought up to its prompt + output (x_t last; only the new tokens are indexed), the
+        indexes of requests that left the batch dropped. A request whose recorded output does
+        not end in x_t (it would: rounds run synchronously) copies from x_t and its chain only."""
+        indexes = []
+        for req, x_t in zip(batch.reqs, bonus.tolist()):
+            history = req.origin_input_ids + req.output_ids
+            index = self.copy_indexes.get(req.rid) or CopyIndex()
+            index.sync(history if history and history[-1] == x_t else [x_t])
+            indexes.append(index)
+        self.copy_indexes = {r.rid: ix for r, ix in zip(batch.reqs, indexes)}
+        return PointerCopy(self.copy_gate, indexes, bonus.device)
 
     def lookup_drafts(self, batch, bonus: torch.Tensor, capped: torch.Tensor | None
                       ) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:

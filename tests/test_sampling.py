@@ -22,6 +22,7 @@ from scipy.stats import chi2
 from torch import nn
 
 from domino_sglang.lookup import lookup_draft
+from domino_sglang.pointer import CopyIndex, PointerCopy
 from domino_sglang.rollout import HeadParams, greedy_rollout
 from domino_sglang.sampling import (
     RoundUniforms,
@@ -93,14 +94,17 @@ class TinyTarget:
 
 
 def run_domino(target: TinyTarget, head: HeadParams, rows: SamplingRows, verify,
-               tokens: int = 3, pool: int = 0, lookup: str | None = None, scale: float = 1.0
-               ) -> torch.Tensor:
+               tokens: int = 3, pool: int = 0, lookup: str | None = None, scale: float = 1.0,
+               gate: nn.Linear | None = None, gate_q: str = "mixed") -> torch.Tensor:
     """Rounds of draft -> verify -> commit for every row until `tokens` are generated.
 
     scale: the draft temperature scale (q at temperature T * scale).
     lookup: rows whose history has a prompt-lookup draft (lookup.py, here from one matching
     token, so that most rounds have one) verify the copy, as the worker does: "one-hot" with
     q = one-hot (the worker's), "drafter-q" with the drafter's q left in place (BROKEN).
+    gate: a pointer drafter's copy gate (pointer.py): each row's copy index of its history,
+    drafts from the mixture q; gate_q "drafter" verifies them against the drafter's own q
+    without the copy (BROKEN).
     Returns the first `tokens` generated ids per row [n, tokens].
     """
     n = rows.seed.shape[0]
@@ -109,11 +113,23 @@ def run_domino(target: TinyTarget, head: HeadParams, rows: SamplingRows, verify,
     length = torch.full((n,), len(PROMPT))
     ar = torch.arange(n)
     z = torch.randn(1, B, H, generator=torch.Generator().manual_seed(3)).expand(n, -1, -1)
+    indexes = [CopyIndex() for _ in range(n)] if gate is not None else []
     while int(length.min()) < len(PROMPT) + tokens:
         x_t, prev = hist[ar, length - 1], hist[ar, length - 2]
         u = RoundUniforms.for_round(rows.seed, length - 1, B)  # x_t at position length - 1
+        copy = None
+        if gate is not None:
+            for i, index in enumerate(indexes):
+                index.sync(hist[i, :int(length[i])].tolist())
+            copy = PointerCopy(gate, indexes, torch.device("cpu"))
         drafts, q = sampled_rollout(z, x_t, head, rows, u.draft, candidate_pool=pool,
-                                    temperature_scale=scale)
+                                    temperature_scale=scale, copy=copy)
+        if gate is not None:
+            run_domino.outside += int((~torch.isin(drafts, head.vocab)).sum()
+                                      if head.vocab is not None else 0)
+            if gate_q == "drafter":
+                q = sampled_rollout(z, x_t, head, rows, u.draft, candidate_pool=pool,
+                                    temperature_scale=scale)[1]
         chain = torch.cat((x_t[:, None], drafts), dim=1)  # [n, B]
         if lookup is not None:
             looked = torch.zeros(n, dtype=torch.bool)
@@ -135,6 +151,7 @@ def run_domino(target: TinyTarget, head: HeadParams, rows: SamplingRows, verify,
 
 
 run_domino.looked = 0  # rows drafted by lookup so far (the lookup tests' power check)
+run_domino.outside = 0  # pointer drafts outside the draft vocabulary (copies only)
 
 
 def chi_square(samples: torch.Tensor, joint: torch.Tensor) -> tuple[float, float, int]:
@@ -278,6 +295,34 @@ def test_draft_vocabulary_keeps_sampling_exact(case, pool):
     stat, crit, forbidden = chi_square(samples, target.joint3(rows))
     assert forbidden == 0 and stat < crit
     assert set(samples.unique().tolist()) - {4, 0, 2}  # tokens outside it are still produced
+
+
+@pytest.mark.parametrize("case, pool", [("temperature", 0), ("top_k_top_p_min_p", 2)])
+def test_pointer_drafts_keep_sampling_exact(case, pool):
+    """A pointer drafter (pointer.py) drafts from q = (1 - g) p + g onehot(c), c copied from
+    the row's own history, over a 3-token draft vocabulary: verified against that q the
+    committed tokens follow the target's distribution; against the drafter's q without the
+    copy (a plausible slip) they do not (at temperature alone: with top-k / top-p / min-p the
+    target filters out most copies, p(c) = 0, and the slip goes unseen in 3 tokens). Power:
+    copies outside the draft vocabulary (only the copy path drafts those) are verified."""
+    target, head = TinyTarget(), make_head(0).with_vocab(torch.tensor([4, 0, 2]))
+    rows = make_rows(N, **CASES[case])
+    torch.manual_seed(11)
+    gate = nn.Linear(H + 13, 1)
+    nn.init.constant_(gate.bias, 1.0)  # g ~ 0.7: copies are drafted often
+    run_domino.outside = 0
+    samples = run_domino(target, head, rows, verify_mixed, pool=pool, gate=gate)
+    stat, crit, forbidden = chi_square(samples, target.joint3(rows))
+    print(f"\n{case}: chi2 {stat:.1f} (critical {crit:.1f}), {run_domino.outside} copies "
+          f"outside the draft vocabulary")
+    assert forbidden == 0 and stat < crit
+    assert run_domino.outside > N // 10
+    if case != "temperature":
+        return
+    broken = run_domino(target, head, rows, verify_mixed, pool=pool, gate=gate,
+                        gate_q="drafter")
+    stat, crit, forbidden = chi_square(broken, target.joint3(rows))
+    assert stat > crit or forbidden > 0
 
 
 def test_draft_vocabulary_q_is_the_masked_full_q():

@@ -28,8 +28,8 @@ from torch import nn
 
 from domino_sglang.config import load_draft_config, make_draft_config
 from domino_sglang.model import DominoDrafter, init_drafter_weights, save_drafter
+from domino_sglang.pointer import CopyIndex, PointerCopy, copy_table, gate_inputs
 from domino_sglang.train.curriculum import IGNORE, accuracies, block_loss, lambda_at, tau_sim
-from domino_sglang.pointer import copy_table, gate_inputs
 from domino_sglang.vocab import FILE as VOCAB_FILE
 from domino_sglang.vocab import build_draft_vocab, load_draft_vocab, write_draft_vocab
 
@@ -604,7 +604,9 @@ def rollout_tau(module: DrafterTrainModule, feats: TargetFeatures, records: list
             z = torch.cat((z, z[:, -1:]), dim=1)  # [n, B, H]: rollout reads z[:, :B-1] only
             bonus = ids[torch.tensor(anchors)]
             for name, use_head in (("final", True), ("base", False)):
-                chain = greedy_rollout(z, bonus, head, DEFAULT_CANDIDATE_POOL, use_head=use_head)
+                copy = _pointer(module, [rec["ids"][:a + 1] for a in anchors])
+                chain = greedy_rollout(z, bonus, head, DEFAULT_CANDIDATE_POOL, use_head=use_head,
+                                       copy=copy)
                 match = (chain == labels).int().cumprod(dim=1)  # IGNORE labels never match
                 committed[name] += (1 + match.sum(dim=1)).tolist()
     return {f"tau_rollout_{k}": sum(v) / len(v) for k, v in committed.items()}
@@ -632,6 +634,7 @@ def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
     ids, f = torch.tensor(rec["ids"]), feats(rec)  # [T], [T, K*H]
     T, B, head = len(ids), module.drafter.conf.block_size, _head_params(module)
     a, rounds = rec["start"], 0
+    index = CopyIndex()  # a pointer drafter's, extended round by round as the worker's
     while a < T - 1:
         rounds += 1
         n = (draft_lens[a % len(draft_lens)] if draft_lens else B) - 1  # drafts verified
@@ -642,9 +645,25 @@ def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
         z, _, labels = module._blocks(ids, f, [a], B, short)  # [1, B-1, H], [1, B-1]
         # [1, L, H], as the worker rolls out: its candidate pool is shared by these L positions
         z = torch.cat((z, z[:, -1:]), dim=1)[:, :n + 1]
-        chain = greedy_rollout(z, ids[a:a + 1], head, DEFAULT_CANDIDATE_POOL, use_head=use_head)
+        copy = None
+        if module.drafter.copy_gate is not None:
+            index.sync(rec["ids"][:a + 1])
+            copy = PointerCopy(module.drafter.copy_gate, [index], ids.device)
+        chain = greedy_rollout(z, ids[a:a + 1], head, DEFAULT_CANDIDATE_POOL, use_head=use_head,
+                               copy=copy)
         a += 1 + int((chain == labels[:, :n]).int().cumprod(dim=1).sum())  # chain [1, L-1]
     return rounds
+
+
+def _pointer(module: DrafterTrainModule, histories: list[list[int]]) -> PointerCopy | None:
+    """A pointer drafter's copy path for blocks whose histories (x_t last) are given; None for
+    a drafter without a copy gate."""
+    if module.drafter.copy_gate is None:
+        return None
+    indexes = [CopyIndex() for _ in histories]
+    for index, history in zip(indexes, histories):
+        index.sync(history)
+    return PointerCopy(module.drafter.copy_gate, indexes, torch.device("cpu"))
 
 
 def _head_params(module: DrafterTrainModule):
