@@ -15,7 +15,8 @@ DURATION ?= 60s
 
 .PHONY: venv target tools serve serve-ar test test-fast lint bench loadtest clean data data-snapshot regenerate \
 	train-drafter train-stage4 train-stage6 train-stage17 train-stage20 train-stage21 train-stage22 \
-	train-stage23 train-stage24 train-stage25 train-stage26 train-stage27 train-stage28 train-stage29
+	train-stage23 train-stage24 train-stage25 train-stage26 train-stage27 train-stage28 train-stage29 \
+	train-stage30
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/nodeps.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -131,6 +132,11 @@ RECIPE28   ?= domino_sglang/train/recipes/smollm2-135m-stage28.toml
 RUN_DIR28  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage28
 RECIPE29   ?= domino_sglang/train/recipes/smollm2-135m-stage29.toml
 RUN_DIR29  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage29
+RECIPE30   ?= domino_sglang/train/recipes/smollm2-135m-stage30.toml
+RUN_DIR30  ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-stage30
+# Stage 26's drafter (shipped 2026-11-28 - 2026-12-02), where stages 27-30 start: made by
+# `make train-drafter` (or train-stage26)
+STAGE26    ?= $(RUN_DIR26)/drafter
 ANSWERS_DATA ?= $(HOME)/.cache/domino_sglang/data/sharegpt-answers256.jsonl
 SHIPPED    := domino_sglang/drafters/SmolLM2-135M-Instruct-domino
 
@@ -216,6 +222,8 @@ train-drafter: regenerate
 	$(call next_stage,$(RECIPE25),$(RUN_DIR25),$(RUN_DIR22))
 	mkdir -p $(RUN_DIR26) && cp -n $(RUN_DIR25)/draft_vocab.json $(RUN_DIR26)/
 	$(call next_stage,$(RECIPE26),$(RUN_DIR26),$(RUN_DIR25))
+	mkdir -p $(RUN_DIR30) && cp -n $(RUN_DIR26)/draft_vocab.json $(RUN_DIR30)/
+	$(call next_stage,$(RECIPE30),$(RUN_DIR30),$(RUN_DIR26))
 
 # Stage 4 (not shipped: see its recipe): continues stage 3 on 2.5x the data, then compares the two
 # on answers no stage saw (ShareGPT ids 3401..3800).
@@ -277,8 +285,8 @@ train-stage23: data
 train-stage24: data
 	$(call try_stage,$(RECIPE24),$(RUN_DIR24),$(RUN_DIR22))
 
-# Stages 25 and 26 alone (distillation; stage 26 is the shipped drafter since 2026-11-28 and
-# `make train-drafter` ends with both): stage 22 continued on its own data with the target's top-64
+# Stages 25 and 26 alone (distillation; stage 26 was the shipped drafter 2026-11-28 - 2026-12-02;
+# `make train-drafter` goes on from it): stage 22 continued on its own data with the target's top-64
 # distribution mixed into the loss (25), then that loss alone (26); the previous stage's feature
 # cache is linked in (the top-k logits are computed on the way and cached beside the features).
 train-stage25: data
@@ -287,32 +295,38 @@ train-stage25: data
 train-stage26: data
 	$(call try_stage,$(RECIPE26),$(RUN_DIR26),$(RUN_DIR25))
 
-# Stage 27 (distillation over the chat answers too, see its recipe): starts from the shipped drafter
-# (stage 26's weights), so it needs no earlier run on this machine; features are computed on the way.
+# Stage 27 (distillation over the chat answers too, see its recipe): starts from stage 26's drafter
+# (the shipped one when it was tried); features are computed on the way.
 train-stage27: data
 	mkdir -p $(RUN_DIR27) && cp -n $(SHIPPED)/draft_vocab.json $(RUN_DIR27)/
-	$(BIN)/domino-sglang train --config $(RECIPE27) --data $(REGEN_DATA) --out $(RUN_DIR27) --init $(SHIPPED)
+	$(BIN)/domino-sglang train --config $(RECIPE27) --data $(REGEN_DATA) --out $(RUN_DIR27) --init $(STAGE26)
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
-		--max-tokens 128 $(SHIPPED) $(RUN_DIR27)/drafter
+		--max-tokens 128 $(STAGE26) $(RUN_DIR27)/drafter
 
-# Stage 28 (distillation at tau = 0.7, see its recipe): from the shipped drafter, reusing stage 27's
+# Stage 28 (distillation at tau = 0.7, see its recipe): from stage 26's drafter, reusing stage 27's
 # (or 26's) cached features and top-64 logits where this machine has them.
 train-stage28: data
 	mkdir -p $(RUN_DIR28) && cp -n $(SHIPPED)/draft_vocab.json $(RUN_DIR28)/
 	for d in $(RUN_DIR27) $(RUN_DIR26); do if [ -d $$d/features ] && [ ! -d $(RUN_DIR28)/features ]; \
 		then cp -al $$d/features $(RUN_DIR28)/features; fi; done
-	$(BIN)/domino-sglang train --config $(RECIPE28) --data $(REGEN_DATA) --out $(RUN_DIR28) --init $(SHIPPED)
+	$(BIN)/domino-sglang train --config $(RECIPE28) --data $(REGEN_DATA) --out $(RUN_DIR28) --init $(STAGE26)
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
-		--max-tokens 128 $(SHIPPED) $(RUN_DIR28)/drafter
+		--max-tokens 128 $(STAGE26) $(RUN_DIR28)/drafter
 
-# Stage 29 (off-policy distillation over ShareGPT's own answers, see its recipe): from the shipped
+# Stage 29 (off-policy distillation over ShareGPT's own answers, see its recipe): from stage 26's
 # drafter; the dataset's answers are tokenised into ANSWERS_DATA first (no server, ~1 min).
 train-stage29: data
 	$(BIN)/domino-sglang regenerate --source sharegpt-answers --out $(ANSWERS_DATA)
 	mkdir -p $(RUN_DIR29) && cp -n $(SHIPPED)/draft_vocab.json $(RUN_DIR29)/
-	$(BIN)/domino-sglang train --config $(RECIPE29) --data $(REGEN_DATA) --out $(RUN_DIR29) --init $(SHIPPED)
+	$(BIN)/domino-sglang train --config $(RECIPE29) --data $(REGEN_DATA) --out $(RUN_DIR29) --init $(STAGE26)
 	$(BIN)/python benchmarks/compare_drafters.py --eval-set mtbench humaneval gsm8k --limit 20 \
-		--max-tokens 128 $(SHIPPED) $(RUN_DIR29)/drafter
+		--max-tokens 128 $(STAGE26) $(RUN_DIR29)/drafter
+
+# Stage 30 alone (the pointer-generator drafter, see its recipe; shipped since 2026-12-02 and
+# `make train-drafter` ends with it): stage 26 continued with a copy gate on stage 26's data and
+# loss; stage 26's feature cache is linked in.
+train-stage30: data
+	$(call try_stage,$(RECIPE30),$(RUN_DIR30),$(RUN_DIR26))
 
 clean:
 	rm -rf $(VENV)

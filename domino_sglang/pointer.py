@@ -148,6 +148,16 @@ class PointerCopy:
     def __init__(self, gate: torch.nn.Linear, indexes: list[CopyIndex], device: torch.device):
         self.gate, self.indexes, self.device = gate, indexes, device
         self.chains: list[list[int]] = [[] for _ in indexes]
+        self.z_logit: torch.Tensor | None = None  # [bs, n] the gate's z-part, set by start()
+
+    def start(self, z: torch.Tensor) -> None:
+        """The gate's logit w . [z_i; onehot(n_i)] + b splits into w_z . z_i (one GEMM for every
+        position of the round, z [bs, n, H]) and w_n[n_i] + b (a lookup per position)."""
+        w = self.gate.weight  # [1, H + COPY_MAX_MATCH + 1]
+        bs, n, h = z.shape
+        # 2-D and contiguous (rollout.base_logits: strided 3-D inputs take a slow CPU GEMM path)
+        self.z_logit = F.linear(z.reshape(bs * n, h).to(w.dtype), w[:, :h]).view(bs, n).float()
+        self.match_logit = (w[0, h:] + self.gate.bias).float()  # [COPY_MAX_MATCH + 1]
 
     def candidates(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(c, n) [bs] of every request's history + chain so far (host lookups)."""
@@ -155,11 +165,11 @@ class PointerCopy:
         out = torch.tensor(found, dtype=torch.int64).view(-1, 2).to(self.device)
         return out[:, 0], out[:, 1]
 
-    def log_gate(self, z_i: torch.Tensor, cand: torch.Tensor, match: torch.Tensor
+    def log_gate(self, i: int, cand: torch.Tensor, match: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log g, log(1 - g)) [bs] float32 at a position whose states are z_i [bs, H]."""
-        w = self.gate.weight
-        return log_gate(self.gate(gate_inputs(z_i.to(w.dtype), match)).squeeze(-1), cand)
+        """(log g, log(1 - g)) [bs] float32 at position i of the round (after start())."""
+        logit = self.z_logit[:, i] + self.match_logit[match.clamp(0, COPY_MAX_MATCH)]
+        return log_gate(logit, cand)
 
     def append(self, tokens: torch.Tensor) -> None:
         """The tokens [bs] chosen at this position join each chain."""

@@ -150,15 +150,15 @@ def copy_column(c: torch.Tensor, head: HeadParams, pool_ids: torch.Tensor | None
     return c.clamp(min=0), c >= 0
 
 
-def pointer_pick(copy: PointerCopy, z_i: torch.Tensor, logits: torch.Tensor,
+def pointer_pick(copy: PointerCopy, i: int, logits: torch.Tensor,
                  pick: torch.Tensor, head: HeadParams, pool_ids: torch.Tensor | None = None
                  ) -> torch.Tensor:
     """A pointer drafter's greedy draft at one position (pointer.py): the argmax of
     q = (1 - g) softmax(logits) + g onehot(c), i.e. c when (1 - g) p(c) + g > (1 - g) p(pick).
-    logits [bs, K] over the position's columns (copy_column), pick [bs] the argmax's token ids.
+    logits [bs, K] over position i's columns (copy_column), pick [bs] the argmax's token ids.
     Returns the tokens [bs], which also join the copy path's chains."""
     c, n = copy.candidates()
-    log_g, log_1mg = copy.log_gate(z_i, c, n)
+    log_g, log_1mg = copy.log_gate(i, c, n)
     logp = torch.log_softmax(logits.float(), dim=-1)  # [bs, K]
     col, present = copy_column(c, head, pool_ids)
     lp_c = logp.gather(1, col[:, None]).squeeze(1).masked_fill(~present, float("-inf"))
@@ -181,18 +181,20 @@ def greedy_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams,
     """
     base = base_logits(z, head)  # [bs, B-1, V]
     n = base.shape[1]
+    if copy is not None:
+        copy.start(z[:, :n])
     if not use_head and copy is None:
         chain = head.token_ids(argmax(base))
         return (chain, chain) if return_base_pick else chain
     if not use_head:  # backbone only, position by position: the copies depend on the chain
         picks = head.token_ids(argmax(base))  # [bs, B-1]
-        chain = torch.stack([pointer_pick(copy, z[:, i], base[:, i], picks[:, i], head)
+        chain = torch.stack([pointer_pick(copy, i, base[:, i], picks[:, i], head)
                              for i in range(n)], dim=1)
         return (chain, picks) if return_base_pick else chain
     cand = make_candidates(base, head, candidate_pool)
     first = head.token_ids(argmax(base[:, 0]))  # [bs]
     if copy is not None:
-        first = pointer_pick(copy, z[:, 0], base[:, 0], first, head)
+        first = pointer_pick(copy, 0, base[:, 0], first, head)
     proposals = [first]
     g = head.prefix_gru.hidden_size
     s = z.new_zeros(z.shape[0], g, dtype=head.prefix_gru.weight_hh_l0.dtype)
@@ -206,7 +208,7 @@ def greedy_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams,
         nxt = (head.token_ids(pick) if cand is None
                else torch.gather(cand.ids, 1, pick[:, None]).squeeze(1))
         if copy is not None:
-            nxt = pointer_pick(copy, zh[:, i], logits, nxt, head,
+            nxt = pointer_pick(copy, i, logits, nxt, head,
                                None if cand is None else cand.ids)
         proposals.append(nxt)
         if i + 1 < n:

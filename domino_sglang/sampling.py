@@ -190,16 +190,16 @@ def spread(qd: torch.Tensor, head: HeadParams) -> torch.Tensor:
     return qd.new_zeros(*qd.shape[:-1], head.vocab_size).index_copy_(-1, head.vocab, qd)
 
 
-def pointer_sample(copy: PointerCopy, z_i: torch.Tensor, logits: torch.Tensor,
+def pointer_sample(copy: PointerCopy, i: int, logits: torch.Tensor,
                    probs: torch.Tensor, rows: SamplingRows, u: torch.Tensor, head: HeadParams,
                    pool_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A pointer drafter's sampled draft at one position (pointer.py): d ~ q with
-    q = (1 - g) probs + g onehot(c), probs [bs, K] the processed distribution over the
-    position's columns (copy_column), logits [bs, K] before processing. A greedy row drafts q's
+    q = (1 - g) probs + g onehot(c), probs [bs, K] the processed distribution over position i's
+    columns (copy_column), logits [bs, K] before processing. A greedy row drafts q's
     argmax (g becomes 1 where c wins, else 0), as greedy_rollout. Returns (d [bs], q [bs, V]);
     q is exactly what d was drawn from, so verification stays exact."""
     c, n = copy.candidates()
-    log_g, log_1mg = copy.log_gate(z_i, c, n)
+    log_g, log_1mg = copy.log_gate(i, c, n)
     if rows.has_greedy:
         logp = torch.log_softmax(logits.float(), dim=-1)
         col, present = copy_column(c, head, pool_ids)
@@ -238,19 +238,21 @@ def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows
         bias = logit_bias if head.vocab is None else logit_bias[:, head.vocab]
         base = base + bias[:, None, :]
     n, vocab = base.shape[1], head.vocab_size
+    if copy is not None:
+        copy.start(z[:, :n])
     if not use_head and copy is None:
         qd = process_logits(base.reshape(-1, base.shape[2]), rows.repeat(n))
         drafts = head.token_ids(sample_from(qd, u_draft.reshape(-1))).view(-1, n)
         return drafts, spread(qd, head).view(-1, n, vocab)
     if not use_head:  # backbone only, position by position: the copies depend on the chain
-        out = [pointer_sample(copy, z[:, i], base[:, i], process_logits(base[:, i], rows), rows,
+        out = [pointer_sample(copy, i, base[:, i], process_logits(base[:, i], rows), rows,
                               u_draft[:, i], head) for i in range(n)]
         return torch.stack([d for d, _ in out], dim=1), torch.stack([q for _, q in out], dim=1)
     cand = make_candidates(base, head, candidate_pool)
     q = base.new_zeros(base.shape[0], n, vocab)  # [bs, n, V]; with a pool, q_i (i >= 1) is 0
     q0 = process_logits(base[:, 0], rows)  # outside it; with a draft vocabulary, outside that
     if copy is not None:
-        d0, q[:, 0] = pointer_sample(copy, z[:, 0], base[:, 0], q0, rows, u_draft[:, 0], head)
+        d0, q[:, 0] = pointer_sample(copy, 0, base[:, 0], q0, rows, u_draft[:, 0], head)
         drafts = [d0]
     else:
         q[:, 0] = spread(q0, head)
@@ -263,7 +265,7 @@ def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows
     for i in range(1, n):
         logits = head_step(head, zh[:, i], s, base[:, i].to(gdtype), cand, i).float()
         if copy is not None:
-            d, q[:, i] = pointer_sample(copy, zh[:, i], logits, process_logits(logits, rows),
+            d, q[:, i] = pointer_sample(copy, i, logits, process_logits(logits, rows),
                                         rows, u_draft[:, i], head,
                                         None if cand is None else cand.ids)
         elif cand is None:
