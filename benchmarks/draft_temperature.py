@@ -8,7 +8,10 @@ the target features of positions < a, the head teacher-forced on the answer (GRU
 x_{a+1}, ..); for draft position k the acceptance probability of a draft drawn from q_k is the
 overlap sum_v min(p_k(v), q_k(v)) (Leviathan et al. 2023), p_k = softmax(target logits / T) and
 q_k = softmax(drafter logits / (T * s)) over the draft vocabulary (s = 0: the argmax, one-hot).
-Temperature only (no top-k / top-p), what the throughput sweep sends.
+Temperature only (no top-k / top-p), what the throughput sweep sends. A pointer-generator drafter
+(pointer.py) is measured as it samples (sampling.pointer_sample): q_k = (1 - g_k) q_k + g_k
+onehot(c_k), c_k the copy candidate of the teacher-forced history x_0..x_{a+k}, which may lie
+outside the draft vocabulary (then min(p_k(c_k), g_k) is added); at s = 0 the greedy pick.
 
     OMP_NUM_THREADS=2 python benchmarks/draft_temperature.py --temperatures 0.7 1.0
 """
@@ -37,6 +40,7 @@ def overlaps(module, target, rec: dict, temperatures: list[float], scales: list[
              positions: int) -> tuple[dict, int]:
     """Sum over the record's anchors of sum_v min(p_k, q_k), per (T, s): {(T, s): [P]}, and
     the number of anchors."""
+    from domino_sglang.pointer import copy_table, copy_wins, gate_inputs, log_gate
     from domino_sglang.train.curriculum import head_correction
 
     drafter, vocab = module.drafter, module.draft_vocab
@@ -53,15 +57,39 @@ def overlaps(module, target, rec: dict, temperatures: list[float], scales: list[
     q_logits[:, 1:] += head_correction(drafter.prefix_gru, drafter.embed_proj, z, prev,
                                        vocab).float()
     after = torch.tensor(anchors)[:, None] + torch.arange(positions)  # [n, P]: p after x_{a+k}
+    g = None
+    if drafter.copy_gate is not None:  # the copy path, as trained (trainer._copies)
+        cand, match = copy_table(rec["ids"])
+        c = cand[after]  # [n, P]
+        log_g, log_1mg = log_gate(drafter.copy_gate(gate_inputs(z, match[after])).squeeze(-1), c)
+        g = log_g.exp()  # [n, P], 0 without a candidate
+        vd = q_logits.shape[-1]
+        column = torch.full((logits.shape[-1],), -1, dtype=torch.long)
+        column[vocab if vocab is not None else torch.arange(vd)] = torch.arange(vd)
+        col = torch.where(c >= 0, column[c.clamp(min=0)], -1)  # [n, P]: -1 outside the vocab
+        inside = (col >= 0)[..., None]
+        at_c = F.one_hot(col.clamp(min=0), vd).float() * inside  # [n, P, Vd]
+        outside = (c >= 0) & (col < 0)
+        # the greedy pick (s = 0): argmax q, as rollout.pointer_pick
+        logp = torch.log_softmax(q_logits, -1)
+        lp_c = logp.gather(-1, col.clamp(min=0)[..., None]).squeeze(-1).masked_fill(
+            col < 0, float("-inf"))
+        wins = copy_wins(logp.amax(-1), lp_c, c, log_g, log_1mg)  # [n, P]
     sums = {}
     for t in temperatures:
-        # p over the draft vocabulary only: q is 0 outside it, so min(p, q) is too
-        p = torch.softmax(logits[after] / t, -1)
-        p = p if vocab is None else p[..., vocab]
+        full = torch.softmax(logits[after] / t, -1)  # [n, P, V]
+        # p over the draft vocabulary only: q is 0 outside it (but for a copy), so min(p, q) is
+        p = full if vocab is None else full[..., vocab]
         for s in scales:
             q = (F.one_hot(q_logits.argmax(-1), q_logits.shape[-1]).float() if s == 0
                  else torch.softmax(q_logits / (t * s), -1))
-            sums[(t, s)] = torch.minimum(p, q).double().sum(-1).sum(0)  # [P]
+            extra = 0.0
+            if g is not None:
+                gs = wins.float() if s == 0 else g  # the greedy pick is one-hot
+                q = q * (1 - gs)[..., None] + gs[..., None] * at_c
+                p_c = full.gather(-1, c.clamp(min=0)[..., None]).squeeze(-1)  # [n, P]
+                extra = (torch.minimum(p_c, gs) * outside).double().sum(0)
+            sums[(t, s)] = torch.minimum(p, q).double().sum(-1).sum(0) + extra  # [P]
     return sums, len(anchors)
 
 

@@ -18,6 +18,8 @@ Terms (per request and round; draft length L = tokens in the verified chain [x_t
                       (the prefix before it was all accepted); later positions were never judged
     head changed      the head's d_p differs from the backbone's argmax at p; counted only at
                       reached positions, outcome right (d_p accepted) or wrong (d_p rejected)
+    copied            a pointer drafter's d_p is its copy candidate, which won the greedy pick
+                      (pointer.py); reached positions, by outcome; not counted as head changes
 
 Cost per round: one device-to-host copy of a [L + 1] vector (done once, after the round's
 kernels are queued; the scheduler synchronises on accept_lens right after anyway) and ~L
@@ -46,20 +48,34 @@ DRAFT_LEN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 FALLBACK_REASONS = ("adaptive_policy", "one_token_requests")
 
 
-def head_change_outcomes(drafts: torch.Tensor, base_pick: torch.Tensor,
-                         target_choice: torch.Tensor, accept_lens: torch.Tensor
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reached draft positions where the head overrode the backbone, split by outcome.
+def draft_outcomes(mask: torch.Tensor, drafts: torch.Tensor, target_choice: torch.Tensor,
+                   accept_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reached draft positions in mask [bs, L-1], split by outcome: 0-d tensors (right, wrong).
 
-    drafts [bs, L-1] (d_1..d_{L-1}), base_pick [bs, L-1] (backbone argmax at each position),
-    target_choice [bs, L] (y_0..y_{L-1}), accept_lens [bs] (a + 1). Returns 0-d tensors
-    (right, wrong), on the device, without host synchronisation.
+    drafts [bs, L-1] (d_1..d_{L-1}), target_choice [bs, L] (y_0..y_{L-1}), accept_lens [bs]
+    (a + 1); on the device, without host synchronisation.
     """
     n = drafts.shape[1]
     reached = torch.arange(n, device=drafts.device)[None, :] < accept_lens[:, None]  # p <= a + 1
-    changed = (drafts != base_pick) & reached
+    counted = mask & reached
     kept = drafts == target_choice[:, :n]
-    return (changed & kept).sum(), (changed & ~kept).sum()
+    return (counted & kept).sum(), (counted & ~kept).sum()
+
+
+def head_change_outcomes(drafts: torch.Tensor, base_pick: torch.Tensor,
+                         target_choice: torch.Tensor, accept_lens: torch.Tensor,
+                         copied: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reached draft positions where the head overrode the backbone, split by outcome.
+
+    base_pick [bs, L-1] (backbone argmax at each position); copied [bs, L-1] bool: positions a
+    pointer drafter's copy drafted, which are not the head's (counted by copy_outcomes).
+    Returns 0-d tensors (right, wrong) as draft_outcomes.
+    """
+    changed = drafts != base_pick
+    if copied is not None:
+        changed = changed & ~copied
+    return draft_outcomes(changed, drafts, target_choice, accept_lens)
 
 
 class RoundClock:
@@ -129,6 +145,10 @@ class DominoMetrics:
             "head_changed_tokens_total",
             "Reached draft positions where the head overrode the backbone's argmax, by "
             "`outcome` (right = accepted, wrong = rejected).", ("outcome",))
+        self.copied = counter(
+            "copied_tokens_total",
+            "Reached draft positions a pointer-generator drafter drafted by copying from the "
+            "request's history (greedy requests), by `outcome`.", ("outcome",))
         self.lookup_rounds = counter(
             "lookup_rounds_total",
             "Request-rounds drafted by prompt lookup (copied from the request's own history) "
@@ -166,6 +186,8 @@ class DominoMetrics:
                     for p in range(1, max_draft_len)]
         self._right = self.head_changed.labels(**lv, outcome="right")
         self._wrong = self.head_changed.labels(**lv, outcome="wrong")
+        self._copy_right = self.copied.labels(**lv, outcome="right")
+        self._copy_wrong = self.copied.labels(**lv, outcome="wrong")
         self._lookup_rounds = self.lookup_rounds.labels(**lv)
         self._lookup_accepted = self.lookup_accepted.labels(**lv)
         for reason in FALLBACK_REASONS:
@@ -200,23 +222,26 @@ class DominoMetrics:
 
     def record_round(self, accept_lens: torch.Tensor, draft_len: int,
                      clock: RoundClock | _NullClock,
-                     head_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                     head_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     copy_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Count one batched round: accept_lens [bs] (a + 1 per request, device tensor),
         draft_len L (the chain length verified for every request this round), the round's clock
-        (marked after draft and after verify), and `head_change_outcomes(...)` if computed."""
+        (marked after draft and after verify), and `head_change_outcomes(...)` /
+        `draft_outcomes(copied, ...)` if computed."""
         if not self.enabled:
             return
         bs, n = int(accept_lens.shape[0]), draft_len - 1
-        if n > 0 or head_outcomes is not None:
+        outcomes = [o for o in (head_outcomes, copy_outcomes) if o is not None]
+        if n > 0 or outcomes:
             positions = torch.arange(1, n + 1, device=accept_lens.device)
             # accepted_at[p] = #requests with a >= p; their sum is the total accepted drafts
             at = ((accept_lens[:, None] - 1) >= positions[None, :]).sum(dim=0)  # [L-1]
-            head = (torch.stack(head_outcomes) if head_outcomes is not None
-                    else at.new_zeros(2))
-            stats = torch.cat((at, head.to(at.dtype))).tolist()  # the one host synchronisation
-            at_counts, right, wrong = stats[:n], stats[n], stats[n + 1]
+            pairs = [torch.stack(o) if o is not None else at.new_zeros(2)
+                     for o in (head_outcomes, copy_outcomes)]
+            stats = torch.cat((at, *(p.to(at.dtype) for p in pairs))).tolist()  # one sync
+            at_counts, (right, wrong, copy_right, copy_wrong) = stats[:n], stats[n:]
         else:  # a plain round (L = 1): nothing drafted, nothing to read back
-            at_counts, right, wrong = [], 0, 0
+            at_counts, right, wrong, copy_right, copy_wrong = [], 0, 0, 0, 0
 
         self._rounds.inc(bs)
         if n > 0:
@@ -229,6 +254,10 @@ class DominoMetrics:
             self._right.inc(right)
         if wrong:
             self._wrong.inc(wrong)
+        if copy_right:
+            self._copy_right.inc(copy_right)
+        if copy_wrong:
+            self._copy_wrong.inc(copy_wrong)
         self._draft_len.observe(draft_len)
         spans = clock.spans() if isinstance(clock, RoundClock) else []
         if len(spans) >= 2:

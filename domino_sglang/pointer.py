@@ -149,6 +149,7 @@ class PointerCopy:
         self.gate, self.indexes, self.device = gate, indexes, device
         self.chains: list[list[int]] = [[] for _ in indexes]
         self.z_logit: torch.Tensor | None = None  # [bs, n] the gate's z-part, set by start()
+        self.won: list[torch.Tensor] = []  # per position [bs] bool: the greedy pick was the copy
 
     def start(self, z: torch.Tensor) -> None:
         """The gate's logit w . [z_i; onehot(n_i)] + b splits into w_z . z_i (one GEMM for every
@@ -171,7 +172,14 @@ class PointerCopy:
         logit = self.z_logit[:, i] + self.match_logit[match.clamp(0, COPY_MAX_MATCH)]
         return log_gate(logit, cand)
 
-    def append(self, tokens: torch.Tensor) -> None:
-        """The tokens [bs] chosen at this position join each chain."""
+    def append(self, tokens: torch.Tensor, won: torch.Tensor | None = None) -> None:
+        """The tokens [bs] chosen at this position join each chain; won [bs] bool: where they
+        are the copy winning a greedy pick (metrics)."""
         for chain, tok in zip(self.chains, tokens.tolist()):
             chain.append(tok)
+        if won is not None:
+            self.won.append(won)
+
+    def copied(self) -> torch.Tensor:
+        """[bs, n] bool: the greedy positions of this round drafted by the copy."""
+        return torch.stack(self.won, dim=1)

@@ -162,8 +162,9 @@ def pointer_pick(copy: PointerCopy, i: int, logits: torch.Tensor,
     logp = torch.log_softmax(logits.float(), dim=-1)  # [bs, K]
     col, present = copy_column(c, head, pool_ids)
     lp_c = logp.gather(1, col[:, None]).squeeze(1).masked_fill(~present, float("-inf"))
-    out = torch.where(copy_wins(logp.amax(dim=-1), lp_c, c, log_g, log_1mg), c, pick)
-    copy.append(out)
+    won = copy_wins(logp.amax(dim=-1), lp_c, c, log_g, log_1mg)
+    out = torch.where(won, c, pick)
+    copy.append(out, won)
     return out
 
 

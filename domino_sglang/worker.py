@@ -54,7 +54,12 @@ from domino_sglang.context import DeferredContext
 from domino_sglang.cpu import linear as cpu_linear
 from domino_sglang.cpu.argmax import argmax
 from domino_sglang.lookup import has_recurring_suffix, lookup_batch, lookup_from_env
-from domino_sglang.metrics import DominoMetrics, RoundClock, head_change_outcomes
+from domino_sglang.metrics import (
+    DominoMetrics,
+    RoundClock,
+    draft_outcomes,
+    head_change_outcomes,
+)
 from domino_sglang.model import sglang_draft_model_class
 from domino_sglang.pointer import CopyIndex, PointerCopy
 from domino_sglang.policy import SpeculationPolicy, cost_model
@@ -138,6 +143,7 @@ class DominoWorker(BaseSpecWorker):
         gate = self.draft_model.drafter.copy_gate
         self.copy_gate = gate.to(head_dtype) if gate is not None and head_dtype else gate
         self.copy_indexes: dict[str, CopyIndex] = {}
+        self.round_copied: torch.Tensor | None = None  # set by propose (metrics)
         if self.head.vocab is not None:
             logger.info("DOMINO draft vocabulary: %d of %d tokens (%s)",
                         len(self.head.vocab), conf.vocab_size, conf.path)
@@ -361,12 +367,16 @@ class DominoWorker(BaseSpecWorker):
         logits_output.hidden_states = None
         bonus = tokens.gather(1, (accept_lens - 1)[:, None]).squeeze(1)
         if self.metrics.enabled:
-            outcomes = None  # the head's changes, on the rows it drafted
+            outcomes = copies = None  # the head's changes and copies, on the rows it drafted
             if not sampled and drafted is not None:
                 d = slice(None) if looked is None else ~looked
+                copied = None if self.round_copied is None else self.round_copied[d]
                 outcomes = head_change_outcomes(chain[d, 1:], drafted[d], target_choice[d],
-                                                accept_lens[d])
-            self.metrics.record_round(accept_lens, block, clock, outcomes)
+                                                accept_lens[d], copied)
+                if copied is not None:
+                    copies = draft_outcomes(copied, chain[d, 1:], target_choice[d],
+                                            accept_lens[d])
+            self.metrics.record_round(accept_lens, block, clock, outcomes, copies)
             if looked is not None:
                 self.metrics.record_lookup(looked, accept_lens)
         if self.policy.enabled:  # capped rows gain nothing from L: they do not vote
@@ -397,6 +407,7 @@ class DominoWorker(BaseSpecWorker):
         (sampled), the backbone's argmax picks [bs, L-1] (greedy), None (L = 1).
         The pass drafts the whole [bs, B] block, or with `short_draft` (a drafter trained on
         short blocks) only the L tokens verified: [x_t, MASK x (L-1)], a cheaper pass."""
+        self.round_copied = None  # [bs, L-1] bool: greedy positions the copy drafted (metrics)
         if block == 1:  # plain decoding round: no draft pass
             return None
         width = block if self.short_draft else self.block_size  # W, the tokens drafted
@@ -413,6 +424,8 @@ class DominoWorker(BaseSpecWorker):
         chain[:, 1:block], base_pick = greedy_rollout(
             z, chain[:, 0], self.head, self.candidate_pool, use_head=self.use_head,
             return_base_pick=True, copy=copy)
+        if copy is not None:
+            self.round_copied = copy.copied()
         return base_pick
 
     def pointer_copy(self, batch, bonus: torch.Tensor) -> PointerCopy:

@@ -133,16 +133,27 @@ def test_lossless_greedy_pointer_drafter(pointer_server, chat_ids, reference):
     extended round by round) are verified like any draft: greedy output token for token, one
     at a time and 8 at once; its copies are accepted (tau > 1.05 with prompt lookup off, where
     the random drafter alone has ~1); a sampled request runs through the mixture's q."""
+    from tests.test_observability_server import delta, scrape
+
     ref_ids, _ = reference
+    before = scrape(pointer_server)
     sequential = [generate(pointer_server, ids) for ids in chat_ids]
+    after = scrape(pointer_server)
     assert [r["output_ids"] for r in sequential] == ref_ids
     with ThreadPoolExecutor(8) as pool:
         together = list(pool.map(lambda ids: generate(pointer_server, ids), chat_ids))
     assert [r["output_ids"] for r in together] == ref_ids
     meta = [r["meta_info"] for r in sequential]
     tau = sum(m["completion_tokens"] for m in meta) / sum(m["spec_verify_ct"] for m in meta)
-    print(f"\npointer drafter: tau {tau:.3f}")
+    # the copies are counted apart from the head's changes (metrics.draft_outcomes), and the
+    # accepted drafts of this random drafter are nearly all copies
+    right = delta(after, before, "domino_copied_tokens_total", 'outcome="right"')
+    wrong = delta(after, before, "domino_copied_tokens_total", 'outcome="wrong"')
+    accepted = delta(after, before, "domino_draft_tokens_accepted_total")
+    print(f"\npointer drafter: tau {tau:.3f}, copies right {right:.0f} / wrong {wrong:.0f}, "
+          f"accepted drafts {accepted:.0f}")
     assert tau > 1.05
+    assert 0.5 * accepted <= right <= accepted and wrong > 0
     r = requests.post(f"{pointer_server.url}/generate", json={
         "input_ids": chat_ids[0], "sampling_params": {"temperature": 0.8, "max_new_tokens": 24,
                                                       "ignore_eos": True}}, timeout=600)

@@ -11,6 +11,7 @@ from domino_sglang.metrics import (
     DominoMetrics,
     RoundClock,
     accepted_by_position,
+    draft_outcomes,
     head_change_outcomes,
 )
 from domino_sglang.rollout import base_logits, greedy_rollout
@@ -34,6 +35,12 @@ def test_head_change_outcomes_only_count_reached_positions():
     # row 0: d_2 changed+kept (right), d_3 changed+rejected (wrong), d_4 changed but unreached
     # row 1: d_3 changed+kept (right)
     assert (int(right), int(wrong)) == (2, 1)
+    # a pointer drafter's copies are not the head's: row 0's d_2, row 1's d_3 and d_4
+    copied = torch.tensor([[False, True, False, False], [False, False, True, True]])
+    right, wrong = head_change_outcomes(drafts, base, target, accept, copied)
+    assert (int(right), int(wrong)) == (0, 1)  # only row 0's d_3 is the head's
+    right, wrong = draft_outcomes(copied, drafts, target, accept)
+    assert (int(right), int(wrong)) == (3, 0)  # row 0: d_2; row 1: d_3, d_4; all kept
 
 
 def test_record_round_counts():
@@ -54,7 +61,7 @@ def test_record_round_counts():
         clock.mark()
         clock.mark()
         m.record_round(torch.tensor(accept), 5, clock,
-                       (torch.tensor(2), torch.tensor(1)))
+                       (torch.tensor(2), torch.tensor(1)), (torch.tensor(4), torch.tensor(0)))
     flat = [a for r in rounds for a in r]
     assert value(reg, "domino_verify_rounds_total") == len(flat) == 6
     assert value(reg, "domino_draft_tokens_proposed_total") == 6 * 4
@@ -65,6 +72,8 @@ def test_record_round_counts():
         assert value(reg, "domino_accepted_tokens_by_position_total", position=str(p)) == count
     assert value(reg, "domino_head_changed_tokens_total", outcome="right") == 6
     assert value(reg, "domino_head_changed_tokens_total", outcome="wrong") == 3
+    assert value(reg, "domino_copied_tokens_total", outcome="right") == 12
+    assert value(reg, "domino_copied_tokens_total", outcome="wrong") == 0
     assert value(reg, "domino_draft_seconds_count") == 3
     assert value(reg, "domino_verify_seconds_count") == 3
     assert value(reg, "domino_draft_length_sum") == 15

@@ -189,16 +189,17 @@ def _pointer(gate, histories):
 def _reference_pointer_rollout(z, histories, head, gate, use_head=True, vocab=None):
     """Straight from the definition, one request at a time: the full vocabulary (-inf outside
     the draft vocabulary), the GRU over the whole prefix, c from copy_table of history + chain,
-    q = (1 - g) softmax + g onehot(c) built explicitly, the draft its argmax."""
+    q = (1 - g) softmax + g onehot(c) built explicitly, the draft its argmax. Returns the drafts
+    [bs, B-1] and where they are the copy [bs, B-1] bool."""
     from domino_sglang.pointer import gate_inputs
     from tests.test_rollout import B, V
 
     mask = torch.zeros(V)
     if vocab is not None:
         mask = torch.full((V,), float("-inf")).index_fill_(0, vocab, 0.0)
-    out = []
+    out, won = [], []
     for b, hist in enumerate(histories):
-        seq, chain = list(hist), []
+        seq, chain, copies = list(hist), [], []
         base = z[b, :-1] @ head.lm_head_weight.T + mask  # [B-1, V]
         for i in range(B - 1):
             logits = base[i].clone()
@@ -213,9 +214,11 @@ def _reference_pointer_rollout(z, histories, head, gate, use_head=True, vocab=No
                 q = (1 - g) * q
                 q[c] += g
             chain.append(int(q.argmax()))
+            copies.append(c >= 0 and chain[-1] == c)  # g > 0: c wins over an equal own pick
             seq.append(chain[-1])
         out.append(chain)
-    return torch.tensor(out)
+        won.append(copies)
+    return torch.tensor(out), torch.tensor(won)
 
 
 @pytest.mark.parametrize("use_head", [True, False])
@@ -224,7 +227,8 @@ def _reference_pointer_rollout(z, histories, head, gate, use_head=True, vocab=No
 def test_pointer_greedy_rollout_drafts_the_argmax_of_q(pool, vocab, use_head):
     """greedy_rollout with a copy path drafts argmax q at every position, q built explicitly;
     copies happen (power: a strong gate copies, tokens outside the draft vocabulary included)
-    and a closed gate drafts as without one."""
+    and a closed gate drafts as without one. The copy path records where the copy was drafted
+    (the metrics' copied positions)."""
     from domino_sglang.rollout import greedy_rollout
     from tests.test_rollout import B, H, V, make_head
 
@@ -241,10 +245,11 @@ def test_pointer_greedy_rollout_drafts_the_argmax_of_q(pool, vocab, use_head):
     with torch.no_grad():
         for bias in (3.0, -1.0):
             gate = _gate(bias)
-            got = greedy_rollout(z, bonus, served, pool, use_head,
-                                 copy=_pointer(gate, histories))
-            want = _reference_pointer_rollout(z, histories, head, gate, use_head, vocab)
+            copy = _pointer(gate, histories)
+            got = greedy_rollout(z, bonus, served, pool, use_head, copy=copy)
+            want, won = _reference_pointer_rollout(z, histories, head, gate, use_head, vocab)
             assert torch.equal(got, want), (bias, got, want)
+            assert torch.equal(copy.copied(), won)
             plain = greedy_rollout(z, bonus, served, pool, use_head)
             copied += int((got != plain).sum())
         closed = _gate(-1e4)
