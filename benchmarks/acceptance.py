@@ -14,9 +14,11 @@ takes the first N of each set (this CPU decodes ~7 tok/s). Per dataset and metho
     decode tok/s   completion tokens / time after the first token, over the whole set (c = 1)
 
 "DOMINO backbone-only" is the same checkpoint with the head switched off (DOMINO_HEAD=0): the
-DFlash baseline. Both verify the full block every round (DOMINO_ADAPTIVE=0) drafted by the drafter
-alone (DOMINO_LOOKUP=0). "DOMINO + lookup" adds prompt lookup (lookup.py: a request whose last
-tokens recur in its own history verifies the copy instead); "DOMINO adaptive" is the default
+DFlash baseline; for a pointer drafter (pointer.py) its copy path stays on, and "DOMINO head and
+copy off" (`bare`, DOMINO_COPY=0 too) is the baseline proper. All of these verify the full block
+every round (DOMINO_ADAPTIVE=0) drafted by the drafter alone (DOMINO_LOOKUP=0). "DOMINO +
+lookup" adds prompt lookup (lookup.py: a request whose last tokens recur in its own history
+verifies the copy instead); "DOMINO adaptive" is the default
 server (lookup on), whose policy may verify fewer tokens, down to plain decoding rounds.
 Each server first answers one warm-up prompt (not in any set) of `--max-tokens` tokens, unmeasured.
 Output: benchmarks/results/<out>.json, .md (with command, machine, revision,
@@ -54,8 +56,16 @@ METHODS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     # by the drafter alone (no prompt lookup)
     "backbone": ("DOMINO head off", ["--drafter", "{drafter}"],
                  {"DOMINO_HEAD": "0", "DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}),
+    # a pointer drafter's backbone without its copy path either: the DFlash baseline proper
+    # (the same as "backbone" for a drafter without a copy gate)
+    "bare": ("DOMINO head and copy off", ["--drafter", "{drafter}"],
+             {"DOMINO_HEAD": "0", "DOMINO_COPY": "0", "DOMINO_ADAPTIVE": "0",
+              "DOMINO_LOOKUP": "0"}),
     "domino": ("DOMINO", ["--drafter", "{drafter}"],
                {"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}),
+    # a pointer drafter's head without its copy path (the 2 x 2 of head and copy)
+    "nocopy": ("DOMINO copy off", ["--drafter", "{drafter}"],
+               {"DOMINO_COPY": "0", "DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}),
     # the same, sampled drafts at the request's own temperature (draft_temperature_scale 1;
     # the shipped drafter samples at 0.6 T): differs from "domino" at --temperature > 0 only
     "domino-s1": ("DOMINO at T", ["--drafter", "{drafter}"],

@@ -14,9 +14,10 @@ verify rounds a per-position choice between the drafter's token and a copy would
   - rules: the drafter alone (= compare_drafters' replay); the served default's shape (a round
     copies when the anchor's suffix of >= 2 tokens recurs, else drafts: prompt lookup); a copy
     at every position with n >= 2 / 3; a learned gate (logistic regression on the drafter's
-    log-probabilities of its pick and of c, n and i, fitted on held-out training-data answers
-    the drafter never saw) at every position, or inside drafter rounds only (lookup rounds kept
-    as served: no draft pass); and the oracle (the right one of the two, wherever either is).
+    log-probabilities of its pick and of c, n and i, and a pointer drafter's trained gate
+    logit, fitted on held-out training-data answers the drafter never saw) at every position,
+    or inside drafter rounds only (lookup rounds kept as served: no draft pass); and the
+    oracle (the right one of the two, wherever either is).
   - a pointer-generator drafter (pointer.py, trained with its gate): its own greedy pick, the
     argmax of q = (1 - g) p + g onehot(c), at every position or inside drafter rounds only; p(c)
     is 0 where the served p has no row for c (outside the draft vocabulary or, after position
@@ -24,6 +25,8 @@ verify rounds a per-position choice between the drafter's token and a copy would
 
     python benchmarks/copy_gate.py --fit-min-id 3000000 --fit-count 200
     python benchmarks/copy_gate.py --drafter RUN/drafter --fit-count 0   # a pointer drafter
+    python benchmarks/copy_gate.py --drafter RUN/drafter --out copy_gate_stage30_fit  # + p's
+        # confidence: does a gate that sees it decide better than the trained one? (-0.6%)
 """
 
 from __future__ import annotations
@@ -119,7 +122,8 @@ def position_table(module, head, feats, rec: dict, pool: int) -> dict[str, torch
     gate = module.drafter.copy_gate
     if gate is not None:  # a pointer drafter: q's greedy pick (pointer.py), p(c) = 0 where the
         #                  served p has no row for c (outside the vocabulary or the pool)
-        log_g, log_1mg = log_gate(gate(gate_inputs(z, match)).squeeze(-1), copy)
+        out["gate_logit"] = gate(gate_inputs(z, match)).squeeze(-1)
+        log_g, log_1mg = log_gate(out["gate_logit"], copy)
         lp_c = copy_lp.masked_fill(~drafts, float("-inf"))
         out["q_copies"] = copy_wins(pick_lp, lp_c, copy, log_g, log_1mg)
     return out
@@ -127,13 +131,15 @@ def position_table(module, head, feats, rec: dict, pool: int) -> dict[str, torch
 
 def gate_features(tab: dict[str, torch.Tensor]) -> torch.Tensor:
     """[n, B-1, F]: one-hot match length and position, the two log-probabilities, their
-    difference and probabilities."""
+    difference and probabilities; a pointer drafter's trained gate logit too (so the fit asks
+    what p's confidence adds to that gate)."""
     n_pos = tab["copy"].shape[1]
     lpp, lpc = tab["pick_lp"], tab["copy_lp"].clamp(min=-30)
     pos = torch.arange(n_pos).expand_as(tab["copy"])
+    extra = [tab["gate_logit"]] if "gate_logit" in tab else []
     return torch.cat((F.one_hot((tab["match"].clamp(1, N_CLASSES) - 1), N_CLASSES).float(),
                       F.one_hot(pos, n_pos).float(),
-                      torch.stack((lpp, lpc, lpc - lpp, lpp.exp(), lpc.exp()), -1)), -1)
+                      torch.stack([lpp, lpc, lpc - lpp, lpp.exp(), lpc.exp()] + extra, -1)), -1)
 
 
 def fit_gate(tables: list[dict], l2: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor,

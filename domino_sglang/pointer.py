@@ -26,6 +26,8 @@ requests draw from q and verify against it. p(c) is 0 where the served p has no 
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -88,6 +90,16 @@ def copy_wins(log_p_pick: torch.Tensor, log_p_cand: torch.Tensor, cand: torch.Te
     """Greedy argmax of q [..] bool: the candidate beats the drafter's own pick when
     (1 - g) p(c) + g > (1 - g) p(pick)."""
     return (cand >= 0) & (torch.logaddexp(log_1mg + log_p_cand, log_g) > log_1mg + log_p_pick)
+
+
+def copy_from_env() -> bool:
+    """Whether a pointer drafter drafts with its copy path: env DOMINO_COPY=1 (default) or 0
+    (p alone, its gate ignored: with DOMINO_HEAD=0 the bare backbone, the DFlash baseline of the
+    same checkpoint; benchmarks/acceptance.py "bare"). Lossless either way: only drafts change."""
+    value = os.environ.get("DOMINO_COPY", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"DOMINO_COPY must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 class CopyIndex:

@@ -61,7 +61,7 @@ from domino_sglang.metrics import (
     head_change_outcomes,
 )
 from domino_sglang.model import sglang_draft_model_class
-from domino_sglang.pointer import CopyIndex, PointerCopy
+from domino_sglang.pointer import CopyIndex, PointerCopy, copy_from_env
 from domino_sglang.policy import SpeculationPolicy, cost_model
 from domino_sglang.rollout import greedy_rollout
 from domino_sglang.sampling import (
@@ -139,8 +139,9 @@ class DominoWorker(BaseSpecWorker):
             cpu_linear.pack_linears(drafter.fc)
             cpu_linear.pack_linears(drafter.layers)
         # a pointer-generator drafter (pointer.py): its copy gate, in the head's dtype, and each
-        # running request's copy index, extended round by round (request id -> CopyIndex)
-        gate = self.draft_model.drafter.copy_gate
+        # running request's copy index, extended round by round (request id -> CopyIndex);
+        # DOMINO_COPY=0 drafts from p alone (the gate unused)
+        gate = self.draft_model.drafter.copy_gate if copy_from_env() else None
         self.copy_gate = gate.to(head_dtype) if gate is not None and head_dtype else gate
         self.copy_indexes: dict[str, CopyIndex] = {}
         self.round_copied: torch.Tensor | None = None  # set by propose (metrics)
@@ -162,10 +163,11 @@ class DominoWorker(BaseSpecWorker):
         # plain rounds' draft-context writes, batched until a draft pass needs them (context.py)
         self.context = DeferredContext(self.write_draft_context)
         logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s, "
-                    "draft pass %s, prompt lookup %s, policy %s (cost profile %s: %s)",
+                    "copy %s, draft pass %s, prompt lookup %s, policy %s (cost profile %s: %s)",
                     self.block_size,
                     conf.num_layers, list(conf.target_layer_ids),
                     self.candidate_pool or "full vocabulary", "on" if self.use_head else "OFF",
+                    "on" if self.copy_gate is not None else "off",
                     "L tokens" if self.short_draft else "whole block",
                     "on" if self.lookup else "off",
                     "adaptive" if self.policy.enabled else "fixed block", profile, cost)

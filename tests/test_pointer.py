@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from domino_sglang.pointer import copy_table, copy_wins, log_gate, mixed_log_prob
+from domino_sglang.pointer import (
+    copy_from_env,
+    copy_table,
+    copy_wins,
+    log_gate,
+    mixed_log_prob,
+)
 from domino_sglang.train.curriculum import block_loss, gated_nll
 from tests.train_fixtures import tiny_overrides
 
@@ -294,3 +300,13 @@ def test_pointer_sampled_draft_is_drawn_from_its_q():
                                 copy=_pointer(_gate(0.5), [history] * 8))
         want = greedy_rollout(z[:8], bonus[:8], head, copy=_pointer(_gate(0.5), [history] * 8))
     assert torch.equal(d8, want)
+
+
+def test_copy_switch(monkeypatch):
+    monkeypatch.delenv("DOMINO_COPY", raising=False)
+    assert copy_from_env()
+    monkeypatch.setenv("DOMINO_COPY", "0")
+    assert not copy_from_env()
+    monkeypatch.setenv("DOMINO_COPY", "off")
+    with pytest.raises(ValueError, match="DOMINO_COPY must be 0 or 1"):
+        copy_from_env()
