@@ -9,6 +9,9 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.domino-sglang-installed
 PORT    ?= 30000
 PYTEST_ARGS ?=
+# `make test` runs two pytest-xdist lanes: the server tests in one, the rest in the other
+# (tests/conftest.py); TEST_WORKERS=0 runs everything in one process
+TEST_WORKERS ?= 2
 HOST    ?= http://127.0.0.1:$(PORT)
 USERS   ?= 4
 DURATION ?= 60s
@@ -51,7 +54,8 @@ tools:
 
 test: target tools
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20 -n $(TEST_WORKERS) \
+	  --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: target
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not server and not soak" $(PYTEST_ARGS)
