@@ -22,19 +22,6 @@ PROMPTS = [
 ]
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test`: `-n 2 --dist loadgroup`) every test that starts a server
-    runs in one worker, in order, and the rest (in-process: kernels, training, rollout) in the
-    other: servers use one torch thread and sit mostly idle on the client, so the two lanes share
-    the 2 cores, while only one lane's servers (~2-3 GB each; session-scoped ones stay up) are
-    ever alive at once."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        if item.get_closest_marker("server") or item.get_closest_marker("soak"):
-            item.add_marker(pytest.mark.xdist_group("server"))
-
-
 @pytest.fixture(scope="session")
 def target_path():
     from domino_sglang.target import prepare_target
