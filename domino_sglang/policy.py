@@ -71,6 +71,19 @@ throughput_bucket_k_ab, 2026-11-28) with one probe per ~18 plain rounds of 2 jud
 Near break-even a probe loses ~cost(bs, 2) - E(2) ~ 0 plain rounds, so probing often there is
 free, and the estimate climbs back within a few dozen rounds when the drafter is good again
 (expected probe loss still under NEAR_BUDGET of plain time if alpha is right).
+Plain rounds age the estimate too (by PLAIN_DECAY per round; a judged round by `decay`), so
+after a hard stretch the stale low estimate fades and each probe counts for more. Without it
+the estimate moved only with probes of ~2 judged drafts each: at c = 2, T = 0.7 with the
+pointer drafter (its own rows kept at position 1 ~0.43 of the time at a pinned L = 2, lookup
+copies apart) a server entering plain decoding at a pooled alpha of ~0.2 needed ~25 probes
+(~400 plain rounds, two whole runs of 8 requests) to climb back over break-even (~0.32-0.37),
+and decoded those runs plainly at ~1.0x AR while a pinned L = 4 ran 1.14-1.30x (debug round
+logs and `benchmarks/throughput.py --methods domino-l2 domino-l3 domino-l4`, 2026-12-02).
+Simulated (benchmarks/policy_sim.py, tests/test_policy.py): hard and easy stretches of 200
+rounds at bs 2 give 1.10-1.13 plain steps' worth of tokens per step with the aging, 1.04-1.08
+without; a drafter that never pays loses ~0.3 % more to probes (0.988 vs 0.991 of plain). 0.98
+rather than `decay`: forgetting as fast as judged rounds gains a little more after hard
+stretches (1.13 vs 1.11) but loses more where the drafter never pays (0.985).
 
 Calibration (`CostCalibration`): a profile measured on one CPU is off on another (an AVX2-only
 EPYC ran L = 2 at 1.53 plain steps where the cpu-fp32 profile says 1.72), a linear fit is off at
@@ -135,6 +148,7 @@ MARGIN = 0.02
 PROBE_BUDGET = 0.02  # a probe's gross overhead per plain round's time
 NEAR_BUDGET = 0.005  # its expected loss (beyond the tokens it commits) per plain round's time
 PROBE_LEN = 2
+PLAIN_DECAY = 0.98  # how a plain round ages the acceptance estimate (a judged round: 0.95)
 K_MIN, K_MAX = 1 / 16, 16.0  # the range of k
 K_WINDOW = 31  # k samples kept per bucket: k is their median (and the prior 1's)
 K_OWN_MIN = 5  # a bucket's own samples needed before its k is used (else the cautious fallback)
@@ -251,6 +265,11 @@ class AcceptanceStats:
         if self.judged < 1e-9:  # no prior and nothing judged yet (or forgotten)
             return self.prior_alpha
         return self.accepted / self.judged
+
+    def forget(self, decay: float = PLAIN_DECAY) -> None:
+        """A round that judged no draft (plain decoding): the estimate ages, by `decay`."""
+        self.accepted *= decay
+        self.judged *= decay
 
     def update(self, accepted: int, judged: int) -> None:
         """One round: `accepted` drafts kept over `judged` drafts compared (a request with
@@ -382,6 +401,7 @@ class SpeculationPolicy:
                 return 1  # calibration round: time a plain round at this batch size
             return chosen
         self._plain_rounds += 1
+        self.stats.forget()  # a plain round ages the estimate too (PLAIN_DECAY)
         interval = probe_interval(bs, self.block, cost, self.stats.alpha)
         if interval is not None and self._plain_rounds >= interval:
             self._plain_rounds = 0

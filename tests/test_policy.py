@@ -12,6 +12,7 @@ from domino_sglang.policy import (
     CAL_REFRESH,
     COSTS,
     K_MAX,
+    PLAIN_DECAY,
     PLAIN_MIN,
     PLAIN_SPACING,
     PROBE_LEN,
@@ -197,6 +198,37 @@ def test_probes_climb_out_of_a_pessimistic_estimate():
         # committed tokens per request per plain round's time (plain decoding: 1)
         assert tokens / seconds >= 0.9 * best, (seed, tokens / seconds, best)
         assert policy.stats.alpha > 0.3
+
+
+def test_plain_rounds_age_the_estimate():
+    # a stretch of hard requests (alpha 0.25) then easy ones (0.5), 200 rounds each, x 5, at
+    # bs 2: the estimate that switched speculation off in a hard stretch moved only with the
+    # sparse probes and stayed under break-even for much of the next easy stretch (the c = 2,
+    # T = 0.7 runs that decoded plainly for whole runs, 2026-12-02). Plain rounds now age it too
+    # (PLAIN_DECAY), so each probe counts for more: committed tokens per plain step's time
+    # 1.099-1.125 over these seeds, 1.039-1.083 without the aging
+    import random
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from policy_sim import serve  # the simulated drafter of benchmarks/policy_sim.py
+
+    cost = COSTS["cpu-bf16"].scaled(0.85)
+    assert choose_draft_len(2, 0.25, B, cost=cost) == 1 < choose_draft_len(2, 0.5, B, cost=cost)
+    for seed in range(4):
+        rng = random.Random(seed)
+        policy = SpeculationPolicy(B, cost=cost, calibrate=False)
+        tokens = seconds = 0.0
+        for _ in range(5):
+            for alpha in (0.25, 0.5):
+                t, s = serve(policy, lambda i, a=alpha: a, 2, 200, cost, rng)
+                tokens, seconds = tokens + t, seconds + s
+        assert tokens / seconds > 1.09, (seed, tokens / seconds)
+    stats = AcceptanceStats(prior_weight=0.0)
+    stats.update(3, 4)
+    stats.forget()
+    assert (stats.accepted, stats.judged) == (pytest.approx(3 * PLAIN_DECAY),
+                                              pytest.approx(4 * PLAIN_DECAY))
+    assert stats.alpha == pytest.approx(0.75)  # aging alone does not move alpha
 
 
 def test_running_stats_switch_off_then_probe():
