@@ -24,7 +24,14 @@ Each server first answers one warm-up prompt (not in any set) of `--max-tokens` 
 Output: benchmarks/results/<out>.json, .md (with command, machine, revision,
 date) and .png (tau by dataset and method; acceptance by position).
 
+Every answer is recorded as it finishes in benchmarks/results/<out>.jsonl (its tokens, verify
+rounds, decode time and accepted drafts by position: deltas of the server's counters around that
+one request), so a run cut short continues with `--resume` where it stopped: the full sets at 256
+tokens take hours on these CPUs. tau and acceptance are deterministic and add up across runs;
+decode tok/s and "vs AR" are shown only where a set (and AR's) was measured in one run.
+
     python benchmarks/acceptance.py --limit 10 --max-tokens 128
+    python benchmarks/acceptance.py --methods domino backbone --out acceptance_full --resume
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import time
 from pathlib import Path
 
 import requests
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
@@ -117,25 +125,33 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
-def run_dataset(url: str, prompts: list[str], max_tokens: int, temperature: float = 0.0
-                ) -> dict:
+def measure(url: str, prompt: str, max_tokens: int, temperature: float = 0.0) -> dict:
+    """One answer and the deltas of the server's counters around it (c = 1: nothing else runs)."""
     before = scrape(url)
-    tokens = decode_s = 0.0
-    for p in prompts:
-        n, ttft, total = chat(url, p, max_tokens, temperature)
-        tokens += n
-        decode_s += total - ttft
+    n, ttft, total = chat(url, prompt, max_tokens, temperature)
     after = scrape(url)
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-    rounds = delta.get("sglang:spec_verify_calls_total", 0.0)
-    by_pos = {}
-    for key, value in delta.items():
-        if key.startswith("domino_accepted_tokens_by_position_total@") and rounds:
-            by_pos[int(key.split("@")[1])] = round(value / rounds, 4)
-    return {"requests": len(prompts), "tokens": int(tokens), "rounds": int(rounds),
+    accepted = {int(k.split("@")[1]): v for k, v in delta.items()
+                if k.startswith("domino_accepted_tokens_by_position_total@")}
+    return {"tokens": n, "rounds": int(delta.get("sglang:spec_verify_calls_total", 0.0)),
+            "decode_s": round(total - ttft, 4),
+            "accepted": [int(accepted[p]) for p in sorted(accepted)]}
+
+
+def summarize(rows: list[dict], expected: int) -> dict:
+    """One set's answers (possibly from several runs) -> tau, tok/s, acceptance by position."""
+    tokens = sum(r["tokens"] for r in rows)
+    rounds = sum(r["rounds"] for r in rows)
+    decode_s = sum(r["decode_s"] for r in rows)
+    width = max((len(r["accepted"]) for r in rows), default=0)
+    accepted = [sum(r["accepted"][p] for r in rows if p < len(r["accepted"]))
+                for p in range(width)]
+    runs = sorted({r["run"] for r in rows})
+    return {"requests": len(rows), "of": expected, "tokens": tokens, "rounds": rounds,
             "tau": round(tokens / rounds, 3) if rounds else 1.0,
-            "decode_tok_s": round(tokens / decode_s, 2) if decode_s else None,
-            "accept_by_position": [by_pos[p] for p in sorted(by_pos)]}
+            "decode_tok_s": round(tokens / decode_s, 2) if decode_s and len(runs) == 1 else None,
+            "runs": runs,
+            "accept_by_position": [round(a / rounds, 4) for a in accepted] if rounds else []}
 
 
 def plot(results: dict, methods: list[str], path: Path) -> None:
@@ -164,6 +180,26 @@ def plot(results: dict, methods: list[str], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def load_log(path: Path, settings: dict) -> tuple[list[dict], list[dict]]:
+    """A run log's (runs, answers); its settings must be these (the answers must add up)."""
+    runs, rows = [], []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a kill: that answer is measured again
+            print(f"{path}: line {n} is not JSON, ignored", flush=True)
+            continue
+        if "settings" in rec and rec["settings"] != settings:
+            diff = sorted(k for k in settings if rec["settings"].get(k) != settings[k])
+            was = ", ".join(f"{k} {rec['settings'].get(k)} there, {settings[k]} now" for k in diff)
+            raise SystemExit(f"error: --resume: {path} was run with other settings ({was})")
+        if "run" in rec and "provenance" in rec:
+            runs.append(rec)
+        elif "method" in rec:
+            rows.append(rec)
+    return runs, rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
@@ -177,6 +213,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="sampling temperature of every request (default 0: greedy)")
     ap.add_argument("--out", default="acceptance")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue <out>.jsonl: answers already recorded are not asked again")
     args = ap.parse_args()
     if args.limit < 0 or args.max_tokens < 1 or args.temperature < 0:
         ap.error("--limit must be >= 0, --max-tokens >= 1 and --temperature >= 0")
@@ -184,10 +222,27 @@ def main() -> None:
     from domino_sglang.paths import shipped_drafter_dir
 
     drafter = args.drafter or str(shipped_drafter_dir())
+    settings = {"max_tokens": args.max_tokens, "limit": args.limit,
+                "temperature": args.temperature, "drafter": drafter, "dtype": args.dtype,
+                "block_size": args.block_size, "threads": args.threads}
+    RESULTS.mkdir(exist_ok=True)
+    log = RESULTS / f"{args.out}.jsonl"
+    resumed = args.resume and log.exists()
+    runs, rows = load_log(log, settings) if resumed else ([], [])
+    if not resumed:
+        log.write_text(json.dumps({"settings": settings}) + "\n")
     prov = provenance.collect()
+    run = prov["date_utc"]
+    runs.append({"run": run, "provenance": prov})
+    with log.open("a") as f:
+        f.write(json.dumps(runs[-1]) + "\n")
     prompts = {s: data.load(s, args.limit or n)[: args.limit or n] for s, n in DATASETS.items()}
-    results: dict = {}
+    done = {(r["method"], r["dataset"], r["i"]) for r in rows}
     for m in args.methods:
+        todo = {s: [i for i in range(len(ps)) if (m, s, i) not in done]
+                for s, ps in prompts.items()}
+        if not any(todo.values()):
+            continue
         label, flags, env = METHODS[m]
         flags = [f.format(drafter=drafter, block=args.block_size) for f in flags]
         cut = flags.index("--") if "--" in flags else len(flags)
@@ -199,34 +254,60 @@ def main() -> None:
             continue
         with server:
             chat(server.url, WARMUP_PROMPT, args.max_tokens, args.temperature)  # warm-up
-            results[m] = {}
-            for s, ps in prompts.items():
-                results[m][s] = run_dataset(server.url, ps, args.max_tokens, args.temperature)
-                print(json.dumps({"method": m, "dataset": s, **results[m][s]}), flush=True)
-    args.methods = [m for m in args.methods if m in results]
+            for s, ids in todo.items():
+                for i in tqdm(ids, desc=f"{m} {s}", file=sys.stdout):
+                    row = {"method": m, "dataset": s, "i": i, "run": run,
+                           **measure(server.url, prompts[s][i], args.max_tokens,
+                                     args.temperature)}
+                    rows.append(row)
+                    with log.open("a") as f:  # one whole line per answer, appended
+                        f.write(json.dumps(row) + "\n")
+                r = summarize([x for x in rows if (x["method"], x["dataset"]) == (m, s)],
+                              len(prompts[s]))
+                print(json.dumps({"method": m, "dataset": s, **r}), flush=True)
+    write_report(args.out, settings, runs, rows, prompts)
 
-    RESULTS.mkdir(exist_ok=True)
-    out = {"provenance": prov, "max_tokens": args.max_tokens, "limit": args.limit,
-           "temperature": args.temperature,
-           "drafter": drafter, "dtype": args.dtype, "results": results}
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=2) + "\n")
+
+def write_report(out_name: str, settings: dict, runs: list[dict], rows: list[dict],
+                 prompts: dict[str, list[str]]) -> None:
+    """<out>.json / .md / .png from every recorded answer (this run's and resumed ones)."""
+    methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
+    results = {m: {s: summarize([r for r in rows if (r["method"], r["dataset"]) == (m, s)],
+                                len(ps))
+                   for s, ps in prompts.items()} for m in methods}
+    used = {run for m in methods for s in DATASETS for run in results[m][s]["runs"]}
+    runs = [r for r in runs if r["run"] in used]
+    out = {"provenance": runs[-1]["provenance"] if runs else provenance.collect(),
+           "runs": runs, **settings, "results": results}
+    (RESULTS / f"{out_name}.json").write_text(json.dumps(out, indent=2) + "\n")
     ar = results.get("ar", {})
-    mode = f"temperature {args.temperature}" if args.temperature > 0 else "greedy"
-    lines = [f"## Acceptance ({args.max_tokens} new tokens, {mode}, {args.dtype}, concurrency 1, "
-             f"{'first ' + str(args.limit) if args.limit else 'all'} prompts per set)", "",
-             provenance.markdown_header(prov), f"- drafter: `{drafter}`", "",
-             "| dataset | method | tau | decode tok/s | vs AR | accepted at positions 1..4 |",
-             "|---|---|---|---|---|---|"]
+    mode = (f"temperature {settings['temperature']}" if settings["temperature"] > 0
+            else "greedy")
+    limit = settings["limit"]
+    lines = [f"## Acceptance ({settings['max_tokens']} new tokens, {mode}, {settings['dtype']}, "
+             f"concurrency 1, {'first ' + str(limit) if limit else 'all'} prompts per set)", ""]
+    for n, r in enumerate(runs, 1):
+        if len(runs) > 1:
+            lines.append(f"Run {n} of {len(runs)}:")
+        lines.append(provenance.markdown_header(r["provenance"]))
+    lines += [f"- drafter: `{settings['drafter']}`", "",
+              "| dataset | method | answers | tau | decode tok/s | vs AR "
+              "| accepted at positions 1..4 |", "|---|---|---|---|---|---|---|"]
     for s in DATASETS:
-        for m in args.methods:
+        for m in methods:
             r = results[m][s]
-            speed = (f"{r['decode_tok_s'] / ar[s]['decode_tok_s']:.2f}x"
-                     if s in ar and ar[s]["decode_tok_s"] else "")
+            if not r["requests"]:
+                continue
+            a = ar.get(s, {})
+            same_run = r["decode_tok_s"] and a.get("decode_tok_s") and r["runs"] == a["runs"]
+            speed = f"{r['decode_tok_s'] / a['decode_tok_s']:.2f}x" if same_run else ""
             pos = " ".join(f"{p:.2f}" for p in r["accept_by_position"][:4])
-            lines.append(f"| {s} | {METHODS[m][0]} | {r['tau']} | {r['decode_tok_s']} | "
-                         f"{speed} | {pos} |")
-    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
-    plot(results, args.methods, RESULTS / f"{args.out}.png")
+            lines.append(f"| {s} | {METHODS[m][0]} | {r['requests']} of {r['of']} | {r['tau']} "
+                         f"| {r['decode_tok_s'] or ''} | {speed} | {pos} |")
+    if len(runs) > 1:
+        lines += ["", "decode tok/s and vs AR only where a set (and AR's) was measured in one run."]
+    (RESULTS / f"{out_name}.md").write_text("\n".join(lines) + "\n")
+    plot(results, methods, RESULTS / f"{out_name}.png")
     print("\n".join(lines))
 
 
