@@ -109,9 +109,11 @@ def test_short_draft_passes_draft_what_the_drafter_computes(reference, chat_ids)
     """With short drafting (DOMINO_SHORT_DRAFT=1: a round verifying L < B tokens drafts
     [x_t, MASK x (L-1)] only; the shipped drafter, trained on short blocks, asks for it, and the
     variable makes sure) the output stays lossless and the served rounds equal the replay
-    drafting the same short blocks. The replay with whole-block drafts is printed beside: they
-    differ (stage 11: short [7, 42, 53] vs whole [6, 41, 53]; stage 12: [7, 43, 52] vs
-    [6, 44, 54]), which is what gives the equality its power. Unseeded sampled requests in the
+    drafting the same short blocks. The replay with whole-block drafts must differ from it
+    (stage 11: short [7, 42, 53] vs whole [6, 41, 53]; stage 12: [7, 43, 52] vs [6, 44, 54];
+    stage 30: [5, 41, 48] vs [5, 40, 48]), which is what gives the equality its power: if a new
+    drafter drafts the same either way, pick a pattern where it does not (patterns of one L, as
+    (3, 3, 3, 3), often give equal rounds on stage 30). Unseeded sampled requests in the
     same server run the sampled short-draft path (their exactness does not depend on the drafts:
     test_sampling.py)."""
     prompts = chat_ids[:3]
@@ -131,6 +133,7 @@ def test_short_draft_passes_draft_what_the_drafter_computes(reference, chat_ids)
     print(f"pattern {SHORT_PATTERN}, short drafts: rounds served {served}, replayed {replayed} "
           f"(whole-block drafts {whole})")
     assert served == replayed
+    assert whole != replayed, f"pattern {SHORT_PATTERN} no longer tells short drafts apart"
 
 
 def _replay(records: list[dict], draft_lens: tuple[int, ...] | None = None,
