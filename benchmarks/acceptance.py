@@ -9,6 +9,8 @@ takes the first N of each set (this CPU decodes ~7 tok/s). Per dataset and metho
                    output tokens / spec_verify_calls, so the prefill's first token counts too
                    and all-plain decoding of n tokens scores n / (n - 1))
                    = completion tokens / delta of sglang:spec_verify_calls_total
+    quartiles      of the answers' own tau (tokens / rounds of one answer): a set's tau made by a
+                   few looping answers shows a high upper quartile and a low median
     by position    share of rounds whose draft at position p was accepted
                    (delta of domino_accepted_tokens_by_position_total / rounds; DOMINO only)
     decode tok/s   completion tokens / time after the first token, over the whole set (c = 1)
@@ -32,12 +34,14 @@ decode tok/s and "vs AR" are shown only where a set (and AR's) was measured in o
 
     python benchmarks/acceptance.py --limit 10 --max-tokens 128
     python benchmarks/acceptance.py --methods domino backbone --out acceptance_full --resume
+    python benchmarks/acceptance.py --out acceptance_full --report-only   # tables from the log
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -147,8 +151,14 @@ def summarize(rows: list[dict], expected: int) -> dict:
     accepted = [sum(r["accepted"][p] for r in rows if p < len(r["accepted"]))
                 for p in range(width)]
     runs = sorted({r["run"] for r in rows})
+    # per answer: long greedy answers of a small target can loop, and a loop is all copies;
+    # the quartiles show whether a set's tau is a few such answers or most of them
+    per_answer = sorted(r["tokens"] / r["rounds"] for r in rows if r["rounds"])
+    quartiles = ([round(q, 2) for q in statistics.quantiles(per_answer, n=4, method="inclusive")]
+                 if len(per_answer) > 1 else [])
     return {"requests": len(rows), "of": expected, "tokens": tokens, "rounds": rounds,
             "tau": round(tokens / rounds, 3) if rounds else 1.0,
+            "tau_quartiles": quartiles,
             "decode_tok_s": round(tokens / decode_s, 2) if decode_s and len(runs) == 1 else None,
             "runs": runs,
             "accept_by_position": [round(a / rounds, 4) for a in accepted] if rounds else []}
@@ -215,6 +225,8 @@ def main() -> None:
     ap.add_argument("--out", default="acceptance")
     ap.add_argument("--resume", action="store_true",
                     help="continue <out>.jsonl: answers already recorded are not asked again")
+    ap.add_argument("--report-only", action="store_true",
+                    help="write <out>.json / .md / .png from <out>.jsonl as it is; serve nothing")
     args = ap.parse_args()
     if args.limit < 0 or args.max_tokens < 1 or args.temperature < 0:
         ap.error("--limit must be >= 0, --max-tokens >= 1 and --temperature >= 0")
@@ -227,6 +239,15 @@ def main() -> None:
                 "block_size": args.block_size, "threads": args.threads}
     RESULTS.mkdir(exist_ok=True)
     log = RESULTS / f"{args.out}.jsonl"
+    if args.report_only:
+        if not log.exists():
+            ap.error(f"--report-only: {log} does not exist")
+        settings = json.loads(log.read_text().splitlines()[0])["settings"]
+        args.limit = settings["limit"]
+    prompts = {s: data.load(s, args.limit or n)[: args.limit or n] for s, n in DATASETS.items()}
+    if args.report_only:
+        write_report(args.out, settings, *load_log(log, settings), prompts)
+        return
     resumed = args.resume and log.exists()
     runs, rows = load_log(log, settings) if resumed else ([], [])
     if not resumed:
@@ -236,7 +257,6 @@ def main() -> None:
     runs.append({"run": run, "provenance": prov})
     with log.open("a") as f:
         f.write(json.dumps(runs[-1]) + "\n")
-    prompts = {s: data.load(s, args.limit or n)[: args.limit or n] for s, n in DATASETS.items()}
     done = {(r["method"], r["dataset"], r["i"]) for r in rows}
     for m in args.methods:
         todo = {s: [i for i in range(len(ps)) if (m, s, i) not in done]
@@ -291,8 +311,8 @@ def write_report(out_name: str, settings: dict, runs: list[dict], rows: list[dic
             lines.append(f"Run {n} of {len(runs)}:")
         lines.append(provenance.markdown_header(r["provenance"]))
     lines += [f"- drafter: `{settings['drafter']}`", "",
-              "| dataset | method | answers | tau | decode tok/s | vs AR "
-              "| accepted at positions 1..4 |", "|---|---|---|---|---|---|---|"]
+              "| dataset | method | answers | tau | per answer: quartiles | decode tok/s | vs AR "
+              "| accepted at positions 1..4 |", "|---|---|---|---|---|---|---|---|"]
     for s in DATASETS:
         for m in methods:
             r = results[m][s]
@@ -302,8 +322,9 @@ def write_report(out_name: str, settings: dict, runs: list[dict], rows: list[dic
             same_run = r["decode_tok_s"] and a.get("decode_tok_s") and r["runs"] == a["runs"]
             speed = f"{r['decode_tok_s'] / a['decode_tok_s']:.2f}x" if same_run else ""
             pos = " ".join(f"{p:.2f}" for p in r["accept_by_position"][:4])
+            quart = " / ".join(f"{q:.2f}" for q in r["tau_quartiles"])
             lines.append(f"| {s} | {METHODS[m][0]} | {r['requests']} of {r['of']} | {r['tau']} "
-                         f"| {r['decode_tok_s'] or ''} | {speed} | {pos} |")
+                         f"| {quart} | {r['decode_tok_s'] or ''} | {speed} | {pos} |")
     if len(runs) > 1:
         lines += ["", "decode tok/s and vs AR only where a set (and AR's) was measured in one run."]
     (RESULTS / f"{out_name}.md").write_text("\n".join(lines) + "\n")
