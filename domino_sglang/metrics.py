@@ -46,6 +46,7 @@ DRAFT_LEN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 # processors; worker.one_token_rows). Every other request feature (sampling, logit bias, grammar
 # masks, logprobs) is verified speculatively.
 FALLBACK_REASONS = ("adaptive_policy", "one_token_requests")
+ROUND_KINDS = ("plain", "draft", "mixed", "copy", "copy_plain")
 
 
 def draft_outcomes(mask: torch.Tensor, drafts: torch.Tensor, target_choice: torch.Tensor,
@@ -155,6 +156,11 @@ class DominoMetrics:
             "instead of the Domino drafter; included in the series above.")
         self.lookup_accepted = counter(
             "lookup_tokens_accepted_total", "Copied draft tokens the target kept.")
+        self.round_kinds = counter(
+            "rounds_total",
+            "Batched decode rounds by `kind`: plain (L = 1), draft (the drafter's), mixed (the "
+            "drafter's and copied rows), copy (every row copied, no draft pass), copy_plain "
+            "(copied rows beside plain ones, no draft pass).", ("kind",))
         self.fallbacks = counter(
             "fallback_requests_total",
             "Request-rounds decoded without speculation (L = 1), by `reason`.",
@@ -192,6 +198,7 @@ class DominoMetrics:
         self._lookup_accepted = self.lookup_accepted.labels(**lv)
         for reason in FALLBACK_REASONS:
             self.fallbacks.labels(**lv, reason=reason)
+        self._kinds = {k: self.round_kinds.labels(**lv, kind=k) for k in ROUND_KINDS}
         self._draft_time = self.draft_time.labels(**lv)
         self._verify_time = self.verify_time.labels(**lv)
         self._draft_len = self.draft_len.labels(**lv)
@@ -276,6 +283,11 @@ class DominoMetrics:
         """The adaptive policy's calibrated cost scale k (policy.CostCalibration)."""
         if self.enabled:
             self._cost_scale.set(k)
+
+    def record_kind(self, kind: str) -> None:
+        """One batched round of `kind` (plain / draft / mixed / copy / copy_plain)."""
+        if self.enabled:
+            self._kinds[kind].inc()
 
     def record_fallback(self, reason: str, requests: int = 1) -> None:
         """Requests decoded without speculation (e.g. the adaptive policy chose L = 1)."""

@@ -293,25 +293,29 @@ class DominoWorker(BaseSpecWorker):
         # Prompt lookup (lookup.py): rows whose last tokens recur in their own history draft by
         # copying. A round where every row copies (or is capped) runs no draft pass, and the
         # policy sizes it for copies (policy.lookup_len; a seeded batch keeps the full block);
-        # one that mixes copies with the drafter's rows drafts at the drafter's L, if any.
+        # one that mixes copies with the drafter's rows drafts at the drafter's L, if any. A
+        # round the policy made plain verifies the copies some rows have, without a draft pass,
+        # where that pays: the other rows' chains hold no drafts (they commit one token each).
         looked = None  # [bs] bool: rows drafted by copying
         tried = self.lookup and not (capped is not None and bool(capped.all())) and (
             block > 1 or (self.policy.may_copy_instead()
                           and self.plain_round_may_copy(batch, capped)))
         if tried:
             looked, copies, longest = self.lookup_drafts(batch, draft_input.bonus_tokens, capped)
-        copy_only = looked is not None and not bool((~looked if capped is None
+        every_row = looked is not None and not bool((~looked if capped is None
                                                      else ~looked & ~capped).any())
-        if copy_only and not pinned and self.policy.pinned is None:
-            copy_len = self.policy.lookup_len(bs, longest)
+        copy_only = False  # no draft pass: copies (and plain rows) only
+        if ((every_row or (looked is not None and block == 1))
+                and not pinned and self.policy.pinned is None):
+            copy_len = self.policy.lookup_len(bs, longest, copying=int(looked.sum()))
             if copy_len > 1:
-                block = copy_len
+                block, copy_only = copy_len, True
             else:  # copies do not pay: the round the policy chose (the drafter's, or plain)
-                looked, copy_only = None, False
+                looked = None
         if looked is not None and block == 1:  # plain decoding after all
-            looked, copy_only = None, False
+            looked = None
         draft_pass = not copy_only
-        self.record_fallbacks(bs, block, capped)
+        self.record_fallbacks(bs, block, capped, None if draft_pass else looked)
         self.context.before_round(tuple(r.rid for r in batch.reqs), speculative=block > 1)
         prefix_lens = batch.seq_lens  # committed tokens (x_t, the bonus, is not among them)
         chain = torch.full((bs, self.block_size), self.conf.mask_token_id, dtype=torch.int64,
@@ -390,8 +394,10 @@ class DominoWorker(BaseSpecWorker):
                 self.policy.observe(uncapped[voters].tolist(), block)
         # the cost profile prices rounds with a draft pass (or plain ones): copy-only rounds are
         # logged (debug) but not timed
-        kind = ("copy" if not draft_pass else "plain" if block == 1
-                else "draft" if looked is None else "mixed") + ("+lookup" if tried else "")
+        kind = (("copy" if every_row else "copy_plain") if not draft_pass
+                else "plain" if block == 1 else "draft" if looked is None else "mixed")
+        self.metrics.record_kind(kind)
+        kind += "+lookup" if tried else ""
         self._last_round = (bs, block, started, kind, int(prefix_lens.sum()) // bs, clock)
         return GenerationBatchResult(
             logits_output=logits_output,
@@ -472,18 +478,19 @@ class DominoWorker(BaseSpecWorker):
         return found.to(self.device), drafts.to(self.device), int(lens.max())
 
     def plain_round_may_copy(self, batch, capped: torch.Tensor | None) -> bool:
-        """Whether a round the policy made plain could verify copies instead: only as a
-        copy-only round (every uncapped request has a copy) whose copies pay at this batch size
-        even at their longest (policy.lookup_len). Both are asked on the host first, request by
-        request until one has no recurring suffix (lookup.has_recurring_suffix), so a plain
-        round under load does not pay for a batched lookup (1.4 ms at bs 32 on the CPU, ~0.7 %
-        of the round) whose copies it could not use. Exact for the tokens and the policy's
-        statistics (the rounds are the same); the plain rounds' measured times shrink by the
-        lookup they skip. Assumes lookup_drafts matches with lookup.py's default MIN_MATCH."""
+        """Whether a round the policy made plain could verify copies instead (a round without a
+        draft pass, policy.lookup_len): only if copies would pay at this batch size with every
+        request copying at the longest, and some uncapped request has one. Both are asked on
+        the host first, request by request until one has a recurring suffix
+        (lookup.has_recurring_suffix), so a plain round under load does not pay for a batched
+        lookup (1.4 ms at bs 32 on the CPU, ~0.7 % of the round) whose copies it could not
+        use. Exact for the tokens and the policy's statistics (the rounds are the same); the
+        plain rounds' measured times shrink by the lookup they skip. Assumes lookup_drafts
+        matches with lookup.py's default MIN_MATCH."""
         if self.policy.lookup_len(len(batch.reqs), self.block_size - 1) <= 1:
             return False
         skip = [False] * len(batch.reqs) if capped is None else capped.tolist()
-        return all(s or has_recurring_suffix(r.origin_input_ids + r.output_ids)
+        return any(not s and has_recurring_suffix(r.origin_input_ids + r.output_ids)
                    for s, r in zip(skip, batch.reqs))
 
     def time_last_round(self) -> float:
@@ -521,15 +528,19 @@ class DominoWorker(BaseSpecWorker):
                         "speculative overhead at bs %d (%d rounds timed)", k, bs,
                         calibration.rounds)
 
-    def record_fallbacks(self, bs: int, block: int, capped: torch.Tensor | None) -> None:
+    def record_fallbacks(self, bs: int, block: int, capped: torch.Tensor | None,
+                         copied: torch.Tensor | None = None) -> None:
         """Request-rounds decoded without speculation, by reason: `one_token_requests` (capped
-        rows, whatever L), `adaptive_policy` (the others, when the policy chose L = 1)."""
+        rows, whatever L), `adaptive_policy` (the others, when the policy chose L = 1, or
+        beside the copied rows [bs] bool of a round without a draft pass)."""
         if not self.metrics.enabled:
             return
         n_capped = 0 if capped is None else int(capped.sum())
         self.metrics.record_fallback("one_token_requests", n_capped)
         if block == 1 and self.policy.enabled:
             self.metrics.record_fallback("adaptive_policy", bs - n_capped)
+        elif copied is not None:
+            self.metrics.record_fallback("adaptive_policy", bs - n_capped - int(copied.sum()))
 
     # ---- sampling-time logit processing (what SGLang's sampler applies for plain decoding) ----
     def target_logits(self, batch, logits_output, grammar, grammar_barrier) -> torch.Tensor:

@@ -48,7 +48,7 @@ def scrape(server) -> dict[tuple[str, str], float]:
         name, _, labels = series.partition("{")
         keep = ",".join(sorted(lab for lab in labels.rstrip("}").split(",")
                                if lab and lab.split("=")[0] in ("position", "outcome", "reason",
-                                                                "le")))
+                                                                "kind", "le")))
         out[(name, keep)] = out.get((name, keep), 0.0) + float(value)
     return out
 
