@@ -439,6 +439,24 @@ class SpeculationPolicy:
                 return draft_len
         return 1
 
+    def copies_needed(self, bs: int, longest: int) -> int | None:
+        """The fewest of bs requests that must have a copy (of `longest` tokens) for a round
+        without a draft pass to pay (lookup_len > 1), or None if even all of them would not:
+        copying (E(L) - 1) > bs ((1 + MARGIN) (cost(bs, L) - DRAFT) - 1) for some L. Lets a
+        plain round skip the batched lookup when too few requests could copy."""
+        if not self.enabled:
+            return 1
+        cost = self.effective_cost(bs)
+        no_draft = CostModel(0.0, cost.slope_0, cost.slope_per_req)
+        alpha = self.lookup_stats.alpha
+        need = bs + 1
+        for draft_len in range(2, 2 + longest):
+            gain = expected_tokens(alpha, draft_len) - 1.0
+            if gain > 0.0:
+                bound = bs * ((1.0 + MARGIN) * no_draft(bs, draft_len) - 1.0) / gain
+                need = min(need, max(1, math.floor(bound) + 1))
+        return need if need <= bs else None
+
     def observe_lookup(self, accept_lens: list[int], draft_len: int) -> None:
         """accept_lens: a + 1 per copied request of a round that verified draft_len tokens."""
         if draft_len > 1 and self.enabled and accept_lens:

@@ -479,19 +479,30 @@ class DominoWorker(BaseSpecWorker):
 
     def plain_round_may_copy(self, batch, capped: torch.Tensor | None) -> bool:
         """Whether a round the policy made plain could verify copies instead (a round without a
-        draft pass, policy.lookup_len): only if copies would pay at this batch size with every
-        request copying at the longest, and some uncapped request has one. Both are asked on
-        the host first, request by request until one has a recurring suffix
+        draft pass, policy.lookup_len): only if enough uncapped requests have a copy for it to
+        pay even at their longest (policy.copies_needed). Asked on the host first, request by
+        request until enough have a recurring suffix or too few are left
         (lookup.has_recurring_suffix), so a plain round under load does not pay for a batched
         lookup (1.4 ms at bs 32 on the CPU, ~0.7 % of the round) whose copies it could not
         use. Exact for the tokens and the policy's statistics (the rounds are the same); the
         plain rounds' measured times shrink by the lookup they skip. Assumes lookup_drafts
         matches with lookup.py's default MIN_MATCH."""
-        if self.policy.lookup_len(len(batch.reqs), self.block_size - 1) <= 1:
+        need = self.policy.copies_needed(len(batch.reqs), self.block_size - 1)
+        if need is None:
             return False
         skip = [False] * len(batch.reqs) if capped is None else capped.tolist()
-        return any(not s and has_recurring_suffix(r.origin_input_ids + r.output_ids)
-                   for s, r in zip(skip, batch.reqs))
+        left = len(batch.reqs) - sum(skip)
+        for s, r in zip(skip, batch.reqs):
+            if s:
+                continue
+            if has_recurring_suffix(r.origin_input_ids + r.output_ids):
+                need -= 1
+                if need == 0:
+                    return True
+            left -= 1
+            if left < need:
+                return False
+        return False
 
     def time_last_round(self) -> float:
         """Now; and the previous decode round's cost, start to start, to the policy's cost

@@ -520,6 +520,15 @@ def test_copies_beside_plain_rows_are_priced_per_request():
     assert policy.lookup_len(32, 15, copying=1) == 1  # one of 32 does not
     assert policy.lookup_len(4, 15, copying=4) == policy.lookup_len(4, 15)
     assert policy.lookup_len(4, 15, copying=0) == 1  # nothing to verify
+    # copies_needed: the fewest copying rows for which some L pays (a plain round's pre-check)
+    for alpha_rounds in ([B] * 60, [3] * 60, [1] * 60):
+        for a1 in alpha_rounds:
+            policy.observe_lookup([a1], B)
+        for bs in (1, 2, 4, 8, 32):
+            need = policy.copies_needed(bs, 15)
+            pays = [c for c in range(1, bs + 1) if policy.lookup_len(bs, 15, copying=c) > 1]
+            assert need == (pays[0] if pays else None)
+            assert pays == list(range(pays[0], bs + 1)) if pays else True
 
 
 def test_copied_rounds_have_their_own_alpha_and_no_draft_cost():
