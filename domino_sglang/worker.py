@@ -382,7 +382,8 @@ class DominoWorker(BaseSpecWorker):
                 if copied is not None:
                     copies = draft_outcomes(copied, chain[d, 1:], target_choice[d],
                                             accept_lens[d])
-            self.metrics.record_round(accept_lens, block, clock, outcomes, copies)
+            self.metrics.record_round(accept_lens, block, clock, outcomes, copies,
+                                      None if draft_pass or every_row else looked)
             if looked is not None:
                 self.metrics.record_lookup(looked, accept_lens)
         if self.policy.enabled:  # capped rows gain nothing from L: they do not vote

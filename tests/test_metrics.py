@@ -124,6 +124,21 @@ def test_fallback_reasons_per_request_round(capped, block, policy, copied, expec
     assert got == expected
 
 
+def test_rows_without_drafts_are_verified_requests_only():
+    """A copy_plain round: the copied rows proposed L - 1 drafts each, the plain rows none
+    (they still count as verified requests, so tau's denominator has them)."""
+    reg = CollectorRegistry()
+    m = DominoMetrics({"model_name": "m"}, max_draft_len=5, registry=reg)
+    m.record_round(torch.tensor([4, 1, 2]), 5, RoundClock(cuda=False),
+                   drafting=torch.tensor([True, False, False]))
+    assert value(reg, "domino_verify_rounds_total") == 3
+    assert value(reg, "domino_draft_tokens_proposed_total") == 4
+    # the plain row that happened to commit 2 tokens is not a draft acceptance
+    assert value(reg, "domino_draft_tokens_accepted_total") == 3
+    assert [value(reg, "domino_accepted_tokens_by_position_total", position=str(p))
+            for p in range(1, 5)] == [1, 1, 1, 0]
+
+
 def test_round_kinds_are_counted():
     reg = CollectorRegistry()
     m = DominoMetrics({"model_name": "m"}, max_draft_len=16, registry=reg)
