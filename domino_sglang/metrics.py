@@ -46,7 +46,7 @@ DRAFT_LEN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 # processors; worker.one_token_rows). Every other request feature (sampling, logit bias, grammar
 # masks, logprobs) is verified speculatively.
 FALLBACK_REASONS = ("adaptive_policy", "one_token_requests")
-ROUND_KINDS = ("plain", "draft", "mixed", "copy", "copy_plain")
+ROUND_KINDS = ("plain", "draft", "mixed", "copy")
 
 
 def draft_outcomes(mask: torch.Tensor, drafts: torch.Tensor, target_choice: torch.Tensor,
@@ -159,8 +159,7 @@ class DominoMetrics:
         self.round_kinds = counter(
             "rounds_total",
             "Batched decode rounds by `kind`: plain (L = 1), draft (the drafter's), mixed (the "
-            "drafter's and copied rows), copy (every row copied, no draft pass), copy_plain "
-            "(copied rows beside plain ones, no draft pass).", ("kind",))
+            "drafter's and copied rows), copy (every row copied, no draft pass).", ("kind",))
         self.fallbacks = counter(
             "fallback_requests_total",
             "Request-rounds decoded without speculation (L = 1), by `reason`.",
@@ -230,39 +229,29 @@ class DominoMetrics:
     def record_round(self, accept_lens: torch.Tensor, draft_len: int,
                      clock: RoundClock | _NullClock,
                      head_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None,
-                     copy_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None,
-                     drafting: torch.Tensor | None = None) -> None:
+                     copy_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Count one batched round: accept_lens [bs] (a + 1 per request, device tensor),
         draft_len L (the chain length verified for every request this round), the round's clock
         (marked after draft and after verify), and `head_change_outcomes(...)` /
-        `draft_outcomes(copied, ...)` if computed. `drafting` [bs] bool: the rows that had
-        drafts (default all; a copy_plain round's plain rows verify none: they count as
-        verified requests only)."""
+        `draft_outcomes(copied, ...)` if computed."""
         if not self.enabled:
             return
         bs, n = int(accept_lens.shape[0]), draft_len - 1
         outcomes = [o for o in (head_outcomes, copy_outcomes) if o is not None]
-        proposing = bs
         if n > 0 or outcomes:
             positions = torch.arange(1, n + 1, device=accept_lens.device)
             # accepted_at[p] = #requests with a >= p; their sum is the total accepted drafts
-            reached = (accept_lens[:, None] - 1) >= positions[None, :]  # [bs, L-1]
-            rows = accept_lens.new_tensor([bs])
-            if drafting is not None:
-                reached &= drafting[:, None]
-                rows = drafting.sum()[None]
-            at = reached.sum(dim=0)  # [L-1]
+            at = ((accept_lens[:, None] - 1) >= positions[None, :]).sum(dim=0)  # [L-1]
             pairs = [torch.stack(o) if o is not None else at.new_zeros(2)
                      for o in (head_outcomes, copy_outcomes)]
-            stats = torch.cat((at, *(p.to(at.dtype) for p in pairs),
-                               rows.to(at.dtype))).tolist()  # one sync
-            at_counts, (right, wrong, copy_right, copy_wrong, proposing) = stats[:n], stats[n:]
+            stats = torch.cat((at, *(p.to(at.dtype) for p in pairs))).tolist()  # one sync
+            at_counts, (right, wrong, copy_right, copy_wrong) = stats[:n], stats[n:]
         else:  # a plain round (L = 1): nothing drafted, nothing to read back
             at_counts, right, wrong, copy_right, copy_wrong = [], 0, 0, 0, 0
 
         self._rounds.inc(bs)
         if n > 0:
-            self._proposed.inc(proposing * n)
+            self._proposed.inc(bs * n)
             self._accepted.inc(sum(at_counts))
         for p, count in enumerate(at_counts, start=1):
             if count:
@@ -295,7 +284,7 @@ class DominoMetrics:
             self._cost_scale.set(k)
 
     def record_kind(self, kind: str) -> None:
-        """One batched round of `kind` (plain / draft / mixed / copy / copy_plain)."""
+        """One batched round of `kind` (ROUND_KINDS)."""
         if self.enabled:
             self._kinds[kind].inc()
 

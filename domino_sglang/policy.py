@@ -127,13 +127,7 @@ rate: copies are right in runs (a copied line of code is kept whole or lost at i
 on the evaluation answers 16 of 256 copied HumanEval rounds kept all 15 tokens), so their
 acceptance is not geometric, and the geometric E(L) undervalues long chains. It is asked
 whether the drafter's policy chose L > 1 or plain decoding (a copy can pay where the drafter
-does not), but not on a calibration round. Where the policy chose plain decoding and only some
-requests have a copy, a round can still verify those copies without a draft pass while the
-others decode plainly (their chains hold no drafts): `lookup_len(bs, longest, copying)` prices
-it by the tokens per request (copying E(L) + the others' one) over cost(bs, L) - DRAFT. At
-c = 2, T = 0.7 with the pointer drafter ~21-28 % of request-rounds had a copy, kept ~2x as
-often as the drafter's drafts (1.44 vs 0.73 drafts per row at L = 4, 2026-12-02), and a plain
-round wasted them unless every request had one.
+does not), but not on a calibration round.
 
 Switches: env DOMINO_ADAPTIVE=0 verifies the full block every round (fixed block);
 DOMINO_DRAFT_LEN=L pins L (measurement); DOMINO_DRAFT_LEN=L0,L1,.. cycles a pattern by the
@@ -419,43 +413,19 @@ class SpeculationPolicy:
         decoding for the drafter's sake (not a calibration round, not a pinned L)."""
         return self.enabled and self.pinned is None and not self.calibrating
 
-    def lookup_len(self, bs: int, longest: int, copying: int | None = None) -> int:
-        """L for a round without a draft pass in which `copying` of the bs requests (default:
-        all) verify a copied draft (at most `longest` copied tokens) and the others decode
-        plainly (their chains verify nothing: one token each): the copies' alpha (module
-        docstring, "Prompt lookup"); the whole copy with the policy off.
-
-            tokens per request  E = (copying * E(L) + (bs - copying)) / bs
-            cost                cost(bs, L) - DRAFT"""
+    def lookup_len(self, bs: int, longest: int) -> int:
+        """L for a round whose every request verifies a copied draft (at most `longest` copied
+        tokens): no draft pass, the copies' alpha (module docstring, "Prompt lookup"); the
+        whole copy with the policy off."""
         if not self.enabled:
             return 1 + longest
-        copying = bs if copying is None else copying
         cost = self.effective_cost(bs)
         no_draft = CostModel(0.0, cost.slope_0, cost.slope_per_req)
         alpha = self.lookup_stats.alpha
         for draft_len in range(1 + longest, 1, -1):  # the longest chain that still pays
-            tokens = (copying * expected_tokens(alpha, draft_len) + bs - copying) / bs
-            if tokens / no_draft(bs, draft_len) > 1.0 + MARGIN:
+            if expected_tokens(alpha, draft_len) / no_draft(bs, draft_len) > 1.0 + MARGIN:
                 return draft_len
         return 1
-
-    def copies_needed(self, bs: int, longest: int) -> int | None:
-        """The fewest of bs requests that must have a copy (of `longest` tokens) for a round
-        without a draft pass to pay (lookup_len > 1), or None if even all of them would not:
-        copying (E(L) - 1) > bs ((1 + MARGIN) (cost(bs, L) - DRAFT) - 1) for some L. Lets a
-        plain round skip the batched lookup when too few requests could copy."""
-        if not self.enabled:
-            return 1
-        cost = self.effective_cost(bs)
-        no_draft = CostModel(0.0, cost.slope_0, cost.slope_per_req)
-        alpha = self.lookup_stats.alpha
-        need = bs + 1
-        for draft_len in range(2, 2 + longest):
-            gain = expected_tokens(alpha, draft_len) - 1.0
-            if gain > 0.0:
-                bound = bs * ((1.0 + MARGIN) * no_draft(bs, draft_len) - 1.0) / gain
-                need = min(need, max(1, math.floor(bound) + 1))
-        return need if need <= bs else None
 
     def observe_lookup(self, accept_lens: list[int], draft_len: int) -> None:
         """accept_lens: a + 1 per copied request of a round that verified draft_len tokens."""

@@ -293,29 +293,25 @@ class DominoWorker(BaseSpecWorker):
         # Prompt lookup (lookup.py): rows whose last tokens recur in their own history draft by
         # copying. A round where every row copies (or is capped) runs no draft pass, and the
         # policy sizes it for copies (policy.lookup_len; a seeded batch keeps the full block);
-        # one that mixes copies with the drafter's rows drafts at the drafter's L, if any. A
-        # round the policy made plain verifies the copies some rows have, without a draft pass,
-        # where that pays: the other rows' chains hold no drafts (they commit one token each).
+        # one that mixes copies with the drafter's rows drafts at the drafter's L, if any.
         looked = None  # [bs] bool: rows drafted by copying
         tried = self.lookup and not (capped is not None and bool(capped.all())) and (
             block > 1 or (self.policy.may_copy_instead()
                           and self.plain_round_may_copy(batch, capped)))
         if tried:
             looked, copies, longest = self.lookup_drafts(batch, draft_input.bonus_tokens, capped)
-        every_row = looked is not None and not bool((~looked if capped is None
+        copy_only = looked is not None and not bool((~looked if capped is None
                                                      else ~looked & ~capped).any())
-        copy_only = False  # no draft pass: copies (and plain rows) only
-        if ((every_row or (looked is not None and block == 1))
-                and not pinned and self.policy.pinned is None):
-            copy_len = self.policy.lookup_len(bs, longest, copying=int(looked.sum()))
+        if copy_only and not pinned and self.policy.pinned is None:
+            copy_len = self.policy.lookup_len(bs, longest)
             if copy_len > 1:
-                block, copy_only = copy_len, True
+                block = copy_len
             else:  # copies do not pay: the round the policy chose (the drafter's, or plain)
-                looked = None
+                looked, copy_only = None, False
         if looked is not None and block == 1:  # plain decoding after all
-            looked = None
+            looked, copy_only = None, False
         draft_pass = not copy_only
-        self.record_fallbacks(bs, block, capped, None if draft_pass else looked)
+        self.record_fallbacks(bs, block, capped)
         self.context.before_round(tuple(r.rid for r in batch.reqs), speculative=block > 1)
         prefix_lens = batch.seq_lens  # committed tokens (x_t, the bonus, is not among them)
         chain = torch.full((bs, self.block_size), self.conf.mask_token_id, dtype=torch.int64,
@@ -382,8 +378,7 @@ class DominoWorker(BaseSpecWorker):
                 if copied is not None:
                     copies = draft_outcomes(copied, chain[d, 1:], target_choice[d],
                                             accept_lens[d])
-            self.metrics.record_round(accept_lens, block, clock, outcomes, copies,
-                                      None if draft_pass or every_row else looked)
+            self.metrics.record_round(accept_lens, block, clock, outcomes, copies)
             if looked is not None:
                 self.metrics.record_lookup(looked, accept_lens)
         if self.policy.enabled:  # capped rows gain nothing from L: they do not vote
@@ -395,8 +390,8 @@ class DominoWorker(BaseSpecWorker):
                 self.policy.observe(uncapped[voters].tolist(), block)
         # the cost profile prices rounds with a draft pass (or plain ones): copy-only rounds are
         # logged (debug) but not timed
-        kind = (("copy" if every_row else "copy_plain") if not draft_pass
-                else "plain" if block == 1 else "draft" if looked is None else "mixed")
+        kind = ("copy" if not draft_pass else "plain" if block == 1
+                else "draft" if looked is None else "mixed")
         self.metrics.record_kind(kind)
         kind += "+lookup" if tried else ""
         self._last_round = (bs, block, started, kind, int(prefix_lens.sum()) // bs, clock)
@@ -479,31 +474,19 @@ class DominoWorker(BaseSpecWorker):
         return found.to(self.device), drafts.to(self.device), int(lens.max())
 
     def plain_round_may_copy(self, batch, capped: torch.Tensor | None) -> bool:
-        """Whether a round the policy made plain could verify copies instead (a round without a
-        draft pass, policy.lookup_len): only if enough uncapped requests have a copy for it to
-        pay even at their longest (policy.copies_needed). Asked on the host first, request by
-        request until enough have a recurring suffix or too few are left
-        (lookup.has_recurring_suffix), so a plain round under load does not pay for a batched
-        lookup (1.4 ms at bs 32 on the CPU, ~0.7 % of the round) whose copies it could not
-        use. Exact for the tokens and the policy's statistics (the rounds are the same); the
-        plain rounds' measured times shrink by the lookup they skip. Assumes lookup_drafts
-        matches with lookup.py's default MIN_MATCH."""
-        need = self.policy.copies_needed(len(batch.reqs), self.block_size - 1)
-        if need is None:
+        """Whether a round the policy made plain could verify copies instead: only as a
+        copy-only round (every uncapped request has a copy) whose copies pay at this batch size
+        even at their longest (policy.lookup_len). Both are asked on the host first, request by
+        request until one has no recurring suffix (lookup.has_recurring_suffix), so a plain
+        round under load does not pay for a batched lookup (1.4 ms at bs 32 on the CPU, ~0.7 %
+        of the round) whose copies it could not use. Exact for the tokens and the policy's
+        statistics (the rounds are the same); the plain rounds' measured times shrink by the
+        lookup they skip. Assumes lookup_drafts matches with lookup.py's default MIN_MATCH."""
+        if self.policy.lookup_len(len(batch.reqs), self.block_size - 1) <= 1:
             return False
         skip = [False] * len(batch.reqs) if capped is None else capped.tolist()
-        left = len(batch.reqs) - sum(skip)
-        for s, r in zip(skip, batch.reqs):
-            if s:
-                continue
-            if has_recurring_suffix(r.origin_input_ids + r.output_ids):
-                need -= 1
-                if need == 0:
-                    return True
-            left -= 1
-            if left < need:
-                return False
-        return False
+        return all(s or has_recurring_suffix(r.origin_input_ids + r.output_ids)
+                   for s, r in zip(skip, batch.reqs))
 
     def time_last_round(self) -> float:
         """Now; and the previous decode round's cost, start to start, to the policy's cost
@@ -540,19 +523,15 @@ class DominoWorker(BaseSpecWorker):
                         "speculative overhead at bs %d (%d rounds timed)", k, bs,
                         calibration.rounds)
 
-    def record_fallbacks(self, bs: int, block: int, capped: torch.Tensor | None,
-                         copied: torch.Tensor | None = None) -> None:
+    def record_fallbacks(self, bs: int, block: int, capped: torch.Tensor | None) -> None:
         """Request-rounds decoded without speculation, by reason: `one_token_requests` (capped
-        rows, whatever L), `adaptive_policy` (the others, when the policy chose L = 1, or
-        beside the copied rows [bs] bool of a round without a draft pass)."""
+        rows, whatever L), `adaptive_policy` (the others, when the policy chose L = 1)."""
         if not self.metrics.enabled:
             return
         n_capped = 0 if capped is None else int(capped.sum())
         self.metrics.record_fallback("one_token_requests", n_capped)
         if block == 1 and self.policy.enabled:
             self.metrics.record_fallback("adaptive_policy", bs - n_capped)
-        elif copied is not None:
-            self.metrics.record_fallback("adaptive_policy", bs - n_capped - int(copied.sum()))
 
     # ---- sampling-time logit processing (what SGLang's sampler applies for plain decoding) ----
     def target_logits(self, batch, logits_output, grammar, grammar_barrier) -> torch.Tensor:

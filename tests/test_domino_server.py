@@ -159,39 +159,3 @@ def test_lossless_greedy_pointer_drafter(pointer_server, chat_ids, reference):
                                                       "ignore_eos": True}}, timeout=600)
     r.raise_for_status()
     assert len(r.json()["output_ids"]) == 24
-
-
-REPEAT_PROMPT = "Repeat the word cat ten times: cat cat cat cat"
-
-
-def test_copies_beside_plain_rows(domino_b16, ar_server_fp32, tokenizer, chat_ids):
-    """Adaptive server, random drafter (its policy decodes plainly once it has learned that):
-    a request that copies (the repeat prompt, prompt lookup) shares rounds with requests that
-    do not. Those rounds verify the copies without a draft pass while the other rows decode
-    plainly (`copy_plain`, policy.lookup_len(..., copying)), and every output equals plain
-    decoding token for token."""
-    from tests.test_observability_server import delta, scrape
-
-    for ids in chat_ids[:2]:  # the random drafter's rounds: the policy turns plain
-        generate(domino_b16, ids)
-    pairs = [[tokenizer(REPEAT_PROMPT).input_ids, ids] for ids in chat_ids[2:5]]
-    before = scrape(domino_b16)
-    got, want = [], []
-    with ThreadPoolExecutor(2) as pool:
-        for pair in pairs:
-            got += [r["output_ids"] for r in pool.map(lambda x: generate(domino_b16, x), pair)]
-            want += [r["output_ids"] for r in pool.map(
-                lambda x: generate(ar_server_fp32, x), pair)]
-    after = scrape(domino_b16)
-    kinds = {k: delta(after, before, "domino_rounds_total", f'kind="{k}"')
-             for k in ("plain", "draft", "copy", "copy_plain")}
-    print(f"\nrounds by kind: {kinds}")
-    assert got == want
-    assert kinds["copy_plain"] > 0 and kinds["plain"] > 0
-    # an unseeded sampled request beside the copying one runs the one-hot proposal path
-    with ThreadPoolExecutor(2) as pool:
-        outs = list(pool.map(lambda job: requests.post(f"{domino_b16.url}/generate", json={
-            "input_ids": job[0], "sampling_params": {"temperature": job[1], "max_new_tokens": 24,
-                                                     "ignore_eos": True}}, timeout=600),
-            [(pairs[0][0], 0.0), (pairs[0][1], 0.8)]))
-    assert [len(r.json()["output_ids"]) for r in outs] == [24, 24]

@@ -98,16 +98,14 @@ def test_record_round_counts():
     assert value(reg, "domino_verify_seconds_count") == 4
 
 
-@pytest.mark.parametrize("capped,block,policy,copied,expected", [
-    (None, 16, True, None, (0, 0)),                 # a speculative round: no fallback
-    (None, 1, True, None, (3, 0)),                  # the policy chose a plain round
-    (None, 1, False, None, (0, 0)),                 # DOMINO_DRAFT_LEN=1 (measurement): no choice
-    ([True, False, False], 16, True, None, (0, 1)),  # a penalized row in a speculative round
-    ([True, False, True], 1, True, None, (1, 2)),   # ... and in a plain round: each row once
-    (None, 4, True, [True, False, False], (2, 0)),  # copy_plain: the rows beside the copy
-    ([False, False, True], 4, True, [True, False, False], (1, 1)),  # ... capped apart
+@pytest.mark.parametrize("capped,block,policy,expected", [
+    (None, 16, True, (0, 0)),                       # a speculative round: no fallback
+    (None, 1, True, (3, 0)),                        # the policy chose a plain round
+    (None, 1, False, (0, 0)),                       # DOMINO_DRAFT_LEN=1 (measurement): no choice
+    ([True, False, False], 16, True, (0, 1)),       # a penalized row in a speculative round
+    ([True, False, True], 1, True, (1, 2)),         # ... and in a plain round: each row once
 ])
-def test_fallback_reasons_per_request_round(capped, block, policy, copied, expected):
+def test_fallback_reasons_per_request_round(capped, block, policy, expected):
     from types import SimpleNamespace
 
     from domino_sglang.worker import DominoWorker
@@ -117,36 +115,20 @@ def test_fallback_reasons_per_request_round(capped, block, policy, copied, expec
                                                  registry=reg),
                            policy=SimpleNamespace(enabled=policy))
     DominoWorker.record_fallbacks(fake, 3, block,
-                                  None if capped is None else torch.tensor(capped),
-                                  None if copied is None else torch.tensor(copied))
+                                  None if capped is None else torch.tensor(capped))
     got = tuple(value(reg, "domino_fallback_requests_total", reason=r)
                 for r in ("adaptive_policy", "one_token_requests"))
     assert got == expected
-
-
-def test_rows_without_drafts_are_verified_requests_only():
-    """A copy_plain round: the copied rows proposed L - 1 drafts each, the plain rows none
-    (they still count as verified requests, so tau's denominator has them)."""
-    reg = CollectorRegistry()
-    m = DominoMetrics({"model_name": "m"}, max_draft_len=5, registry=reg)
-    m.record_round(torch.tensor([4, 1, 2]), 5, RoundClock(cuda=False),
-                   drafting=torch.tensor([True, False, False]))
-    assert value(reg, "domino_verify_rounds_total") == 3
-    assert value(reg, "domino_draft_tokens_proposed_total") == 4
-    # the plain row that happened to commit 2 tokens is not a draft acceptance
-    assert value(reg, "domino_draft_tokens_accepted_total") == 3
-    assert [value(reg, "domino_accepted_tokens_by_position_total", position=str(p))
-            for p in range(1, 5)] == [1, 1, 1, 0]
 
 
 def test_round_kinds_are_counted():
     reg = CollectorRegistry()
     m = DominoMetrics({"model_name": "m"}, max_draft_len=16, registry=reg)
     assert reg.get_sample_value("domino_rounds_total",  # every kind exists from the start
-                                {"model_name": "m", "kind": "copy_plain"}) == 0
-    for kind in ("plain", "plain", "draft", "copy_plain"):
+                                {"model_name": "m", "kind": "copy"}) == 0
+    for kind in ("plain", "plain", "draft", "copy"):
         m.record_kind(kind)
-    assert [value(reg, "domino_rounds_total", kind=k) for k in ROUND_KINDS] == [2, 1, 0, 0, 1]
+    assert [value(reg, "domino_rounds_total", kind=k) for k in ROUND_KINDS] == [2, 1, 0, 1]
 
 
 def test_disabled_metrics_are_no_ops():

@@ -94,6 +94,11 @@ def test_domino_counters_equal_per_request_stats(server, tokenizer):
     assert delta(after, before, "domino_verify_rounds_total") == rounds
     assert delta(after, before, "sglang:spec_verify_calls_total") == rounds
     assert delta(after, before, "domino_draft_tokens_accepted_total") == accepted
+    # one request at a time: one batched round per request-round, each of one kind (no
+    # prompt lookup on this server: plain or the drafter's)
+    kinds = {k: delta(after, before, "domino_rounds_total", f'kind="{k}"')
+             for k in ("plain", "draft", "mixed", "copy")}
+    assert sum(kinds.values()) == rounds and kinds["draft"] > 0, kinds
     # Requests were sent one at a time, so every batched round verified one request: the
     # draft-length histogram has one observation per round and proposed = sum of (L - 1).
     # (SGLang's per-request spec_num_proposed_drafts assumes L = B; the adaptive policy may

@@ -497,40 +497,6 @@ def test_the_prior_is_forgotten_at_low_load():
     assert policy.stats.alpha == pytest.approx(0.25, abs=0.05)
 
 
-def test_copies_beside_plain_rows_are_priced_per_request():
-    """A round without a draft pass where `copying` of bs requests verify copies and the others
-    decode plainly (policy.lookup_len(..., copying)): tokens per request (copying E(L) + the
-    others' one) / bs over cost(bs, L) - DRAFT. It pays where few requests share the round,
-    not where one copy rides with many plain rows, and never beats every row copying."""
-    policy = SpeculationPolicy(B, calibrate=False)
-    for _ in range(60):
-        policy.observe_lookup([B], B)  # copies the target keeps
-    no_draft = CostModel(0.0, policy.cost.slope_0, policy.cost.slope_per_req)
-    alpha = policy.lookup_stats.alpha
-    for bs, copying in ((2, 1), (4, 1), (4, 2), (8, 1), (32, 1), (32, 8)):
-        n = policy.lookup_len(bs, 15, copying=copying)
-        rate = {L: (copying * expected_tokens(alpha, L) + bs - copying) / bs / no_draft(bs, L)
-                for L in range(2, B + 1)}
-        if n > 1:  # the longest chain that pays, and it pays
-            assert rate[n] > 1.02 and all(rate[L] <= 1.02 for L in range(n + 1, B + 1))
-        else:
-            assert all(r <= 1.02 for r in rate.values())
-        assert n <= policy.lookup_len(bs, 15)  # = every row copying
-    assert policy.lookup_len(2, 15, copying=1) > 1  # one of two rows copying pays
-    assert policy.lookup_len(32, 15, copying=1) == 1  # one of 32 does not
-    assert policy.lookup_len(4, 15, copying=4) == policy.lookup_len(4, 15)
-    assert policy.lookup_len(4, 15, copying=0) == 1  # nothing to verify
-    # copies_needed: the fewest copying rows for which some L pays (a plain round's pre-check)
-    for alpha_rounds in ([B] * 60, [3] * 60, [1] * 60):
-        for a1 in alpha_rounds:
-            policy.observe_lookup([a1], B)
-        for bs in (1, 2, 4, 8, 32):
-            need = policy.copies_needed(bs, 15)
-            pays = [c for c in range(1, bs + 1) if policy.lookup_len(bs, 15, copying=c) > 1]
-            assert need == (pays[0] if pays else None)
-            assert pays == list(range(pays[0], bs + 1)) if pays else True
-
-
 def test_copied_rounds_have_their_own_alpha_and_no_draft_cost():
     """Prompt lookup (policy.lookup_len): a copy-only round is priced without the draft pass
     and sized by the copies' own acceptance, learned apart from the drafter's."""
