@@ -30,11 +30,15 @@ Every answer is recorded as it finishes in benchmarks/results/<out>.jsonl (its t
 rounds, decode time and accepted drafts by position: deltas of the server's counters around that
 one request), so a run cut short continues with `--resume` where it stopped: the full sets at 256
 tokens take hours on these CPUs. tau and acceptance are deterministic and add up across runs;
-decode tok/s and "vs AR" are shown only where a set (and AR's) was measured in one run.
+decode tok/s is shown only where a set was measured in one run, and "vs AR" over the prompts
+that AR and the method answered in one run. With `--paired` every method's server is up at once
+and each prompt is answered by all of them back to back (the order rotating per prompt), so the
+ratio holds on a machine whose speed drifts, and across `--resume`d runs on other machines.
 
     python benchmarks/acceptance.py --limit 10 --max-tokens 128
     python benchmarks/acceptance.py --methods domino backbone --out acceptance_full --resume
     python benchmarks/acceptance.py --out acceptance_full --report-only   # tables from the log
+    python benchmarks/acceptance.py --methods ar adaptive --paired --out acceptance_full_speed
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import json
 import statistics
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import requests
@@ -164,6 +169,21 @@ def summarize(rows: list[dict], expected: int) -> dict:
             "accept_by_position": [round(a / rounds, 4) for a in accepted] if rounds else []}
 
 
+def vs_ar(rows: list[dict], ar_rows: list[dict]) -> tuple[float | None, int]:
+    """Decode speed over AR's on the prompts both answered in one run: (ratio, pairs).
+
+    A pair is one prompt answered by both servers of a run (back to back with --paired):
+    ratios from pairs survive a machine that speeds up or slows down between runs.
+    """
+    ar = {(r["i"], r["run"]): r for r in ar_rows}
+    pairs = [(r, ar[(r["i"], r["run"])]) for r in rows if (r["i"], r["run"]) in ar]
+    own_s, ar_s = sum(r["decode_s"] for r, _ in pairs), sum(a["decode_s"] for _, a in pairs)
+    if not pairs or not own_s or not ar_s:
+        return None, len(pairs)
+    own = sum(r["tokens"] for r, _ in pairs) / own_s
+    return own / (sum(a["tokens"] for _, a in pairs) / ar_s), len(pairs)
+
+
 def plot(results: dict, methods: list[str], path: Path) -> None:
     import matplotlib
 
@@ -174,7 +194,9 @@ def plot(results: dict, methods: list[str], path: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / len(methods)
     for i, m in enumerate(methods):
-        taus = [results[m][s]["tau"] for s in sets]
+        # a set with no answers yet has no bar (not a tau-1.0 one)
+        taus = [results[m][s]["tau"] if results[m][s]["requests"] else float("nan")
+                for s in sets]
         ax1.bar([j + i * width for j in range(len(sets))], taus, width, label=METHODS[m][0])
         for s in sets:
             pos = results[m][s]["accept_by_position"]
@@ -227,6 +249,9 @@ def main() -> None:
                     help="continue <out>.jsonl: answers already recorded are not asked again")
     ap.add_argument("--report-only", action="store_true",
                     help="write <out>.json / .md / .png from <out>.jsonl as it is; serve nothing")
+    ap.add_argument("--paired", action="store_true",
+                    help="serve every method at once and ask each prompt of all of them in turn "
+                         "(speed ratios that survive a noisy machine and --resume)")
     args = ap.parse_args()
     if args.limit < 0 or args.max_tokens < 1 or args.temperature < 0:
         ap.error("--limit must be >= 0, --max-tokens >= 1 and --temperature >= 0")
@@ -258,33 +283,47 @@ def main() -> None:
     with log.open("a") as f:
         f.write(json.dumps(runs[-1]) + "\n")
     done = {(r["method"], r["dataset"], r["i"]) for r in rows}
-    for m in args.methods:
-        todo = {s: [i for i in range(len(ps)) if (m, s, i) not in done]
+    # sequential: one server at a time; --paired: every method's server up at once and each
+    # prompt answered by all of them back to back, so a drift of the machine's speed hits both
+    # sides of every AR ratio alike
+    for group in ([args.methods] if args.paired else [[m] for m in args.methods]):
+        todo = {s: [i for i in range(len(ps)) if any((m, s, i) not in done for m in group)]
                 for s, ps in prompts.items()}
         if not any(todo.values()):
             continue
-        label, flags, env = METHODS[m]
-        flags = [f.format(drafter=drafter, block=args.block_size) for f in flags]
-        cut = flags.index("--") if "--" in flags else len(flags)
-        serve, sglang = flags[:cut] + ["--dtype", args.dtype], flags[cut + 1:]
-        try:
-            server = start_server(f"accept-{m}", serve, sglang, threads=args.threads, env=env)
-        except RuntimeError as exc:  # recorded, and the other methods still run
-            print(f"{m}: server failed to start: {str(exc)[:300]}", flush=True)
-            continue
-        with server:
-            chat(server.url, WARMUP_PROMPT, args.max_tokens, args.temperature)  # warm-up
+        with ExitStack() as stack:
+            servers = {}
+            for m in group:
+                if not any((m, s, i) not in done for s, ids in todo.items() for i in ids):
+                    continue
+                label, flags, env = METHODS[m]
+                flags = [f.format(drafter=drafter, block=args.block_size) for f in flags]
+                cut = flags.index("--") if "--" in flags else len(flags)
+                serve, sglang = flags[:cut] + ["--dtype", args.dtype], flags[cut + 1:]
+                try:
+                    servers[m] = stack.enter_context(start_server(
+                        f"accept-{m}", serve, sglang, threads=args.threads, env=env))
+                except RuntimeError as exc:  # recorded, and the other methods still run
+                    print(f"{m}: server failed to start: {str(exc)[:300]}", flush=True)
+            for server in servers.values():
+                chat(server.url, WARMUP_PROMPT, args.max_tokens, args.temperature)  # warm-up
+            order = list(servers)
             for s, ids in todo.items():
-                for i in tqdm(ids, desc=f"{m} {s}", file=sys.stdout):
-                    row = {"method": m, "dataset": s, "i": i, "run": run,
-                           **measure(server.url, prompts[s][i], args.max_tokens,
-                                     args.temperature)}
-                    rows.append(row)
-                    with log.open("a") as f:  # one whole line per answer, appended
-                        f.write(json.dumps(row) + "\n")
-                r = summarize([x for x in rows if (x["method"], x["dataset"]) == (m, s)],
-                              len(prompts[s]))
-                print(json.dumps({"method": m, "dataset": s, **r}), flush=True)
+                for i in tqdm(ids, desc=f"{'+'.join(order)} {s}", file=sys.stdout):
+                    # the order rotates per prompt: no method always answers first
+                    for m in order[i % len(order):] + order[: i % len(order)]:
+                        if (m, s, i) in done:
+                            continue
+                        row = {"method": m, "dataset": s, "i": i, "run": run,
+                               **measure(servers[m].url, prompts[s][i], args.max_tokens,
+                                         args.temperature)}
+                        rows.append(row)
+                        with log.open("a") as f:  # one whole line per answer, appended
+                            f.write(json.dumps(row) + "\n")
+                for m in order:
+                    r = summarize([x for x in rows if (x["method"], x["dataset"]) == (m, s)],
+                                  len(prompts[s]))
+                    print(json.dumps({"method": m, "dataset": s, **r}), flush=True)
     write_report(args.out, settings, runs, rows, prompts)
 
 
@@ -300,7 +339,9 @@ def write_report(out_name: str, settings: dict, runs: list[dict], rows: list[dic
     out = {"provenance": runs[-1]["provenance"] if runs else provenance.collect(),
            "runs": runs, **settings, "results": results}
     (RESULTS / f"{out_name}.json").write_text(json.dumps(out, indent=2) + "\n")
-    ar = results.get("ar", {})
+    def mine(m: str, s: str) -> list[dict]:
+        return [r for r in rows if (r["method"], r["dataset"]) == (m, s)]
+
     mode = (f"temperature {settings['temperature']}" if settings["temperature"] > 0
             else "greedy")
     limit = settings["limit"]
@@ -318,15 +359,16 @@ def write_report(out_name: str, settings: dict, runs: list[dict], rows: list[dic
             r = results[m][s]
             if not r["requests"]:
                 continue
-            a = ar.get(s, {})
-            same_run = r["decode_tok_s"] and a.get("decode_tok_s") and r["runs"] == a["runs"]
-            speed = f"{r['decode_tok_s'] / a['decode_tok_s']:.2f}x" if same_run else ""
+            ratio, pairs = vs_ar(mine(m, s), mine("ar", s)) if m != "ar" else (None, 0)
+            speed = "" if ratio is None else f"{ratio:.2f}x" + (
+                f" ({pairs} of {r['requests']})" if pairs < r["requests"] else "")
             pos = " ".join(f"{p:.2f}" for p in r["accept_by_position"][:4])
             quart = " / ".join(f"{q:.2f}" for q in r["tau_quartiles"])
             lines.append(f"| {s} | {METHODS[m][0]} | {r['requests']} of {r['of']} | {r['tau']} "
                          f"| {quart} | {r['decode_tok_s'] or ''} | {speed} | {pos} |")
     if len(runs) > 1:
-        lines += ["", "decode tok/s and vs AR only where a set (and AR's) was measured in one run."]
+        lines += ["", "decode tok/s only where a set was measured in one run; vs AR over the "
+                  "prompts AR answered in the same run (their count in brackets when not all)."]
     (RESULTS / f"{out_name}.md").write_text("\n".join(lines) + "\n")
     plot(results, methods, RESULTS / f"{out_name}.png")
     print("\n".join(lines))

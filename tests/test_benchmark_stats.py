@@ -1,4 +1,4 @@
-"""The throughput benchmark's paired speed-up estimate (benchmarks/throughput.py)."""
+"""The benchmarks' paired speed-up estimates (benchmarks/throughput.py, acceptance.py)."""
 
 import math
 import sys
@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import acceptance  # noqa: E402
 import throughput  # noqa: E402
 
 
@@ -39,3 +40,22 @@ def test_paired_speedup_needs_two_pairs():
     runs = _runs("ar", [100.0, 90.0], [0, 1]) + _runs("domino-plain", [95.0], [0])
     with pytest.raises(ValueError, match="has 1 run.* paired with AR, needs 2"):
         throughput.paired_speedup(runs, "domino-plain", 0.0, 8)
+
+
+def _answers(method: str, run: str, seconds: dict[int, float], tokens: int = 256) -> list[dict]:
+    return [{"method": method, "dataset": "gsm8k", "i": i, "run": run, "tokens": tokens,
+             "decode_s": t} for i, t in seconds.items()]
+
+
+def test_acceptance_speed_over_ar_counts_only_prompts_both_answered_in_one_run():
+    # run a: the machine is fast, DOMINO twice AR's speed on prompts 0 and 1; run b (after a
+    # --resume on a machine twice as slow): 1.5x on prompt 2; prompt 3 DOMINO answered in run b
+    # and AR in run a (not a pair), prompt 4 AR never answered
+    ar = _answers("ar", "a", {0: 10.0, 1: 10.0, 3: 10.0}) + _answers("ar", "b", {2: 30.0})
+    mine = (_answers("adaptive", "a", {0: 5.0, 1: 5.0}) + _answers("adaptive", "b", {2: 20.0})
+            + _answers("adaptive", "b", {3: 1.0, 4: 1.0}))
+    ratio, pairs = acceptance.vs_ar(mine, ar)
+    assert pairs == 3
+    # totals over the pairs: 768 tokens in 30 s vs 768 in 50 s
+    assert ratio == pytest.approx(50 / 30)
+    assert acceptance.vs_ar(mine, []) == (None, 0)
