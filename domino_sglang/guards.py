@@ -9,11 +9,17 @@
   `--api-key` / `--admin-api-key` on this process's command line (multiprocessing children
   inherit it) are replaced by `<redacted>` in every log record.
 
-- A POST body on an OpenAI route (`/v1/...`) that is JSON but not an object (`[1, 2, 3]`), or
-  whose `response_format` is neither an object nor null (`true`, `"json"`), reaches SGLang
-  0.5.23's pydantic `mode="before"` validators, which call `.get()` on it: AttributeError, a bare
-  500. `BodyShapeGuard` (ASGI middleware on SGLang's FastAPI app) answers them with a 400 in
-  SGLang's own OpenAI error shape instead; every other body passes through untouched.
+- Request bodies (`RequestGuard`, ASGI middleware on SGLang's FastAPI app, every POST route):
+  over `--domino-max-request-bytes` a 413 before anything parses them (a 20 MB chat body grew the
+  API process by ~4.5 GB while tokenising, and the OOM killer took the scheduler); nested deeper
+  than MAX_JSON_DEPTH a 400. On OpenAI routes (`/v1/...`), a 400 in SGLang's own OpenAI error
+  shape for bodies SGLang 0.5.23 answers with a 500 or dies on: JSON that is not an object
+  (`[1, 2, 3]`) or a `response_format` that is neither an object nor null (AttributeError in
+  its pydantic `mode="before"` validators); a `json_schema` whose `$ref` chain refers back to
+  itself (its grammar accepts no token); `top_logprobs` (chat) or `logprobs` (completions)
+  outside OpenAI's [0, 20]. Every other body passes through byte for byte.
+- `top_logprobs_num` above the vocabulary and out-of-vocabulary `token_ids_logprob` on the
+  native `/generate` route kill the scheduler too; refused with the prompt ids above.
 
 Private SGLang internals: `TokenizerManager._validate_one_request(obj, input_ids)` and its
 `model_config.vocab_size`, hooked through SGLang's plugin `HookRegistry`; the module-level
@@ -26,6 +32,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
+
+from domino_sglang.server_flags import DEFAULT_MAX_REQUEST_BYTES
 
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
 REDACTED = "<redacted>"
@@ -82,20 +90,96 @@ def install_log_redaction(argv: list[str] | None = None) -> list[str]:
 
 
 def check_input_ids(tokenizer_manager, obj, input_ids) -> None:
-    """BEFORE hook of `TokenizerManager._validate_one_request`: every prompt id in the vocab."""
-    if not input_ids or not isinstance(input_ids, list) or isinstance(input_ids[0], list):
-        return
+    """BEFORE hook of `TokenizerManager._validate_one_request`: every prompt id, every id asked
+    for in `token_ids_logprob`, and `top_logprobs_num` within the vocabulary (each out of range
+    killed the scheduler: IndexError in the embedding, `torch.topk` out of range)."""
     vocab = tokenizer_manager.model_config.vocab_size
-    low, high = min(input_ids), max(input_ids)
+    if input_ids and isinstance(input_ids, list) and not isinstance(input_ids[0], list):
+        _check_ids(input_ids, vocab, "input_ids")
+    top = getattr(obj, "top_logprobs_num", None)
+    if isinstance(top, int) and not 0 <= top <= vocab:
+        raise ValueError(f"top_logprobs_num must be between 0 and the vocabulary size {vocab}, "
+                         f"got {top}")
+    wanted = getattr(obj, "token_ids_logprob", None)
+    if isinstance(wanted, list) and wanted and all(isinstance(i, int) for i in wanted):
+        _check_ids(wanted, vocab, "token_ids_logprob")
+
+
+def _check_ids(ids: list[int], vocab: int, field: str) -> None:
+    low, high = min(ids), max(ids)
     if low < 0 or high >= vocab:
         bad = low if low < 0 else high
-        raise ValueError(f"input_ids contains the out-of-vocabulary token id {bad}; valid "
+        raise ValueError(f"{field} contains the out-of-vocabulary token id {bad}; valid "
                          f"range is [0, {vocab})")
 
 
-def body_shape_problem(body: bytes) -> str | None:
-    """What is wrong with an OpenAI request body's shape, or None (also for non-JSON bodies:
-    SGLang reports those itself, with a 400)."""
+# OpenAI caps top_logprobs at 20; SGLang 0.5.23 passes any value to the scheduler, where
+# `torch.topk` beyond the vocabulary kills the whole server ("selected index k out of range").
+OPENAI_MAX_TOP_LOGPROBS = 20
+# Deeper JSON is refused before it is parsed (the guard's own json.loads recursed at ~1,000 levels
+# and answered 500); no OpenAI request or JSON schema a model can follow nests this deep.
+MAX_JSON_DEPTH = 64
+
+
+def json_depth(body: bytes) -> int:
+    """Deepest nesting of `[` / `{` in a JSON text, strings skipped (no parsing, no recursion)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # closing quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return deepest
+
+
+def ref_cycle(schema) -> str | None:
+    """The JSON pointer of a `$ref` chain in `schema` that leads back to itself through
+    nothing but references (it matches no JSON value; SGLang 0.5.23's grammar then accepts no
+    token and answers 500), or None."""
+    def resolve(pointer: str):
+        node = schema
+        for part in pointer.lstrip("#").strip("/").split("/") if pointer != "#" else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return node
+
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            ref, seen = node.get("$ref"), []
+            while isinstance(ref, str) and ref.startswith("#") and ref not in seen:
+                seen.append(ref)
+                target = resolve(ref)
+                ref = target.get("$ref") if isinstance(target, dict) else None
+            if isinstance(ref, str) and ref in seen:
+                return ref
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
+
+
+def body_problem(path: str, body: bytes) -> str | None:
+    """What is wrong with a JSON request body, or None (also for non-JSON bodies: SGLang
+    reports those itself, with a 400). Depth on every route; the rest on OpenAI routes."""
+    if json_depth(body) > MAX_JSON_DEPTH:
+        return f"the request body nests deeper than {MAX_JSON_DEPTH} levels"
+    if not path.startswith("/v1/"):
+        return None
     try:
         payload = json.loads(body)
     except ValueError:
@@ -106,35 +190,97 @@ def body_shape_problem(body: bytes) -> str | None:
     if fmt is not None and not isinstance(fmt, dict):
         return ("response_format must be an object such as {\"type\": \"json_object\"}, "
                 f"not a JSON {type(fmt).__name__}")
+    if isinstance(fmt, dict) and isinstance(fmt.get("json_schema"), dict):
+        cycle = ref_cycle(fmt["json_schema"].get("schema"))
+        if cycle is not None:
+            return (f"response_format json_schema: the $ref {cycle!r} refers back to itself "
+                    "and matches no JSON value")
+    top = payload.get("top_logprobs")
+    if path.startswith("/v1/completions"):  # the legacy API's count is `logprobs`
+        top = payload.get("logprobs")
+    if isinstance(top, int) and not isinstance(top, bool) and not (
+            0 <= top <= OPENAI_MAX_TOP_LOGPROBS):
+        name = "logprobs" if path.startswith("/v1/completions") else "top_logprobs"
+        return f"{name} must be between 0 and {OPENAI_MAX_TOP_LOGPROBS}, got {top}"
     return None
 
 
-class BodyShapeGuard:
-    """ASGI middleware: 400 for OpenAI request bodies SGLang would answer with a 500."""
+# Routes whose handler kills the scheduler on a server without the feature they drive: the
+# route -> (what the server needs, whether this server has it). Found by calling every admin
+# route with bad arguments (tests/reliability/test_crash_survival.py).
+def _has_expert_recorder(server_args) -> bool:
+    return bool(getattr(server_args, "expert_distribution_recorder_mode", None))
 
-    def __init__(self, app):
+
+def _on_cuda(server_args) -> bool:  # the handlers synchronise CUDA unconditionally
+    return str(getattr(server_args, "device", None) or "cuda") == "cuda"
+
+
+ROUTE_NEEDS = {
+    "/start_expert_distribution_record": ("--expert-distribution-recorder-mode",
+                                          _has_expert_recorder),
+    "/stop_expert_distribution_record": ("--expert-distribution-recorder-mode",
+                                         _has_expert_recorder),
+    "/dump_expert_distribution_record": ("--expert-distribution-recorder-mode",
+                                         _has_expert_recorder),
+    "/release_memory_occupation": ("a CUDA device", _on_cuda),
+    "/resume_memory_occupation": ("a CUDA device", _on_cuda),
+}
+
+
+def route_problem(path: str, server_args) -> str | None:
+    """Why this route cannot be served by this server at all, or None."""
+    need = ROUTE_NEEDS.get(path.rstrip("/"))
+    if need is not None and server_args is not None and not need[1](server_args):
+        return f"{path} needs a server started with {need[0]}"
+    return None
+
+
+def _error(status: int, message: str, kind: str):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"object": "error", "message": message, "type": kind, "param": None,
+                         "code": status}, status_code=status)
+
+
+class RequestGuard:
+    """ASGI middleware: 413 for bodies over `max_bytes`, 400 for bodies SGLang would answer
+    with a 500 or die on (body_problem), 400 for routes this server cannot serve at all
+    (route_problem); every other request passes through byte for byte."""
+
+    def __init__(self, app, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES, server_args=None):
         self.app = app
+        self.max_bytes = max_bytes
+        self.server_args = server_args
 
     async def __call__(self, scope, receive, send):
-        if (scope["type"] != "http" or scope["method"] != "POST"
-                or not scope["path"].startswith("/v1/")
-                or any(k == b"content-encoding" for k, _ in scope["headers"])):
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        chunks, message = [], {"more_body": True}
+        unserved = route_problem(scope["path"], self.server_args)
+        if unserved is not None:
+            return await _error(400, unserved, "BadRequestError")(scope, receive, send)
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        too_large = _error(413, f"the request body is larger than {self.max_bytes} bytes "
+                                "(--domino-max-request-bytes)", "RequestEntityTooLarge")
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            return await too_large(scope, receive, send)
+        chunks, size, message = [], 0, {"more_body": True}
         while message.get("more_body"):
             message = await receive()
             if message["type"] != "http.request":  # client gone: let SGLang see it
                 return await self.app(scope, _replay(b"".join(chunks), receive, message), send)
             chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                return await too_large(scope, receive, send)
         body = b"".join(chunks)
-        problem = body_shape_problem(body)
+        encoded = any(k.lower() == b"content-encoding" for k, _ in scope["headers"])
+        problem = None if encoded else body_problem(scope["path"], body)
         if problem is None:
             return await self.app(scope, _replay(body, receive), send)
-        from fastapi.responses import JSONResponse
-
-        error = {"object": "error", "message": problem, "type": "BadRequestError",
-                 "param": None, "code": 400}
-        await JSONResponse(error, status_code=400)(scope, receive, send)
+        await _error(400, problem, "BadRequestError")(scope, receive, send)
 
 
 def _replay(body: bytes, receive, last: dict | None = None):
@@ -149,24 +295,30 @@ def _replay(body: bytes, receive, last: dict | None = None):
     return replay
 
 
-def install_body_guard() -> bool:
-    """Add BodyShapeGuard to SGLang's HTTP app, in the process that serves it (the one that
-    has imported http_server before plugins load); False elsewhere or if it already started."""
+def install_http_guards(server_args) -> bool:
+    """Add RequestGuard and the access rules (security.py) to SGLang's HTTP app, in the process
+    that serves it (the one that has imported http_server before plugins load); False
+    elsewhere or if it already started."""
+    from domino_sglang import security, server_flags
+
     http = sys.modules.get("sglang.srt.entrypoints.http_server")
-    if http is None or getattr(http.app, "_domino_body_guard", False):
+    if http is None or getattr(http.app, "_domino_guards", False):
         return False
+    options = server_flags.current()
     try:
-        http.app.add_middleware(BodyShapeGuard)
+        http.app.add_middleware(RequestGuard, max_bytes=options.max_request_bytes,
+                               server_args=server_args)
+        security.install(http.app, server_args, options)
     except RuntimeError:  # Starlette refuses once the app has started
         logging.getLogger(__name__).warning("domino_sglang: HTTP app already started; the "
-                                            "request body guard is not installed")
+                                            "request guards are not installed")
         return False
-    http.app._domino_body_guard = True
+    http.app._domino_guards = True
     return True
 
 
 def _before_launch(*args, **kwargs) -> None:
-    install_body_guard()
+    install_http_guards(args[0] if args else kwargs["server_args"])
 
 
 def register_guards() -> None:

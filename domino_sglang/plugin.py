@@ -14,7 +14,8 @@ _registered = False
 
 def register() -> None:
     """Register the CPU attention backend, the packed oneDNN CPU linears (cpu/linear.py, CPU
-    engine only), the DOMINO algorithm and the request / log guards (guards.py). Idempotent."""
+    engine only), the DOMINO algorithm, the request / log guards (guards.py) with the access rules
+    (security.py), and the plugin's server flags (server_flags.py). Idempotent."""
     global _registered
     if _registered:
         return
@@ -22,10 +23,12 @@ def register() -> None:
     from domino_sglang.cpu import linear
     from domino_sglang.cpu.attention import register_backend
     from domino_sglang.guards import register_guards
+    from domino_sglang.server_flags import register as register_flags
 
     register_backend()
     linear.install()
     register_algorithm()
     register_guards()
+    register_flags()
     _registered = True
     logger.debug("domino_sglang registered")

@@ -203,6 +203,14 @@ class DominoWorker(BaseSpecWorker):
         # the draft KV shares the target's allocator; only held context rows are ours
         self.context.clear()
 
+    def weight_update_runners(self) -> list:
+        """(role, runner) pairs SGLang's weight updates (`/update_weights_from_*`) apply to
+        besides the target: none. The drafter keeps its weights (it is trained for a target and
+        shares the target's embeddings in place); verification is the target's, so output stays
+        exact after a target update, only acceptance may drop. SGLang's base class would ask
+        `draft_worker.draft_runners`, which a TpModelWorker lacks: the scheduler died."""
+        return []
+
     @property
     def plain_decode_forward(self) -> bool:
         """Whether plain rounds (L = 1) run the target's own DECODE forward, as plain decoding

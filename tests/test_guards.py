@@ -1,4 +1,4 @@
-"""BodyShapeGuard (domino_sglang/guards.py) on a small FastAPI app: the bodies SGLang 0.5.23
+"""RequestGuard (domino_sglang/guards.py) on a small FastAPI app: the bodies SGLang 0.5.23
 answers with a 500 become 400s in its OpenAI error shape; every other body reaches the endpoint
 byte for byte. (The same guard inside the real server: tests/reliability/test_bad_requests.py.)"""
 
@@ -10,7 +10,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from domino_sglang.guards import BodyShapeGuard, body_shape_problem
+from domino_sglang.guards import RequestGuard, body_problem
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def client():
     async def echo(request: Request):
         return {"received": (await request.body()).decode()}
 
-    app.add_middleware(BodyShapeGuard)
+    app.add_middleware(RequestGuard)
     return TestClient(app)
 
 
@@ -59,6 +59,6 @@ def test_only_openai_routes_are_checked(client):
 
 
 def test_problem_helper():
-    assert body_shape_problem(b'{"messages": []}') is None
-    assert body_shape_problem(b"not json") is None
-    assert "JSON int" in body_shape_problem(b"7")
+    assert body_problem("/v1/chat/completions", b'{"messages": []}') is None
+    assert body_problem("/v1/chat/completions", b"not json") is None
+    assert "JSON int" in body_problem("/v1/chat/completions", b"7")

@@ -1,0 +1,105 @@
+"""The plugin's own SGLang server flags: added to SGLang's parser, read back once at launch.
+
+SGLang loads plugins before it parses the command line, so the plugin adds its flags to
+`ServerArgs.add_cli_args` (they show in `python -m sglang.launch_server --help`) and reads their
+values from the parsed namespace in `ServerArgs.from_cli_args`, which keeps only ServerArgs'
+own fields. The values live in `current()` of the process that parsed them (the launcher, which
+serves HTTP); nothing here is read from the environment.
+
+Private SGLang internals: `ServerArgs.add_cli_args(parser)` and `ServerArgs.from_cli_args(cls,
+args)`, hooked through the plugin `HookRegistry` (register()).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+# A request body larger than this is refused with a 413 before anything parses it. 4 MiB holds
+# a 128k-token text prompt with room to spare; a 20 MB body (~10 M tokens) made the API
+# process grow by ~4.5 GB while tokenising, before SGLang's context-length check.
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class HttpOptions:
+    """What the HTTP guards (guards.py) and access rules (security.py) allow."""
+
+    allowed_origins: tuple[str, ...] = ()  # CORS and cross-origin requests; "*" = any
+    allowed_hosts: tuple[str, ...] = ()  # Host header values beyond the bind's own names
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+
+
+_options = HttpOptions()
+
+
+def current() -> HttpOptions:
+    """The options parsed in this process (defaults where nothing was parsed)."""
+    return _options
+
+
+def _positive_bytes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"must be a whole number of bytes, got {text!r}") from exc
+    if value < 1024:
+        raise argparse.ArgumentTypeError(f"must be at least 1024 bytes, got {value}")
+    return value
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("must name at least one value (comma-separated)")
+    return names
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the plugin's flags to SGLang's server parser (idempotent)."""
+    if any("--domino-allowed-origins" in a.option_strings for a in parser._actions):
+        return
+    group = parser.add_argument_group("domino_sglang HTTP guards")
+    group.add_argument(
+        "--domino-allowed-origins", type=_names, default=(), metavar="ORIGIN[,ORIGIN...]",
+        help="browser origins allowed to call the API (CORS), e.g. https://app.example.com; "
+             "'*' allows any. Default: none (SGLang alone allows every origin with "
+             "credentials); requests carrying another Origin are refused with 403.")
+    group.add_argument(
+        "--domino-allowed-hosts", type=_names, default=(), metavar="HOST[,HOST...]",
+        help="Host header values accepted besides the bind's own (a server bound to loopback "
+             "answers only Host 127.0.0.1 / localhost / [::1]: DNS-rebinding protection); "
+             "'*' accepts any.")
+    group.add_argument(
+        "--domino-max-request-bytes", type=_positive_bytes, default=DEFAULT_MAX_REQUEST_BYTES,
+        metavar="BYTES",
+        help=f"largest request body accepted, else 413 (default {DEFAULT_MAX_REQUEST_BYTES}).")
+
+
+def read_flags(namespace: argparse.Namespace) -> HttpOptions:
+    """Keep the plugin's flags from a parsed namespace as this process's options."""
+    global _options
+    _options = HttpOptions(
+        allowed_origins=tuple(getattr(namespace, "domino_allowed_origins", ()) or ()),
+        allowed_hosts=tuple(getattr(namespace, "domino_allowed_hosts", ()) or ()),
+        max_request_bytes=int(getattr(namespace, "domino_max_request_bytes",
+                                      DEFAULT_MAX_REQUEST_BYTES)))
+    return _options
+
+
+def _after_add_cli_args(_result, parser: argparse.ArgumentParser) -> None:
+    add_flags(parser)
+
+
+def _before_from_cli_args(cls, namespace: argparse.Namespace) -> None:
+    read_flags(namespace)
+
+
+def register() -> None:
+    """Hook the flags into SGLang's parser (SGLang applies hooks after plugins load)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args",
+                          _after_add_cli_args, HookType.AFTER)
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args",
+                          _before_from_cli_args, HookType.BEFORE)
