@@ -17,7 +17,8 @@
   (`[1, 2, 3]`) or a `response_format` that is neither an object nor null (AttributeError in
   its pydantic `mode="before"` validators); a `json_schema` whose `$ref` chain refers back to
   itself (its grammar accepts no token); `top_logprobs` (chat) or `logprobs` (completions)
-  outside OpenAI's [0, 20]. Every other body passes through byte for byte.
+  outside OpenAI's [0, 20]; `n` (and `/generate`'s `sampling_params.n`) above OpenAI's 128 (2**31
+  made the API process allocate until it died). Every other body passes through byte for byte.
 - `top_logprobs_num` above the vocabulary and out-of-vocabulary `token_ids_logprob` on the
   native `/generate` route kill the scheduler too; refused with the prompt ids above.
 
@@ -116,6 +117,9 @@ def _check_ids(ids: list[int], vocab: int, field: str) -> None:
 # OpenAI caps top_logprobs at 20; SGLang 0.5.23 passes any value to the scheduler, where
 # `torch.topk` beyond the vocabulary kills the whole server ("selected index k out of range").
 OPENAI_MAX_TOP_LOGPROBS = 20
+# Parallel samples per request: OpenAI's cap. SGLang 0.5.23 has none; `n` = 2**31 on /generate
+# made the API process allocate until it died (found by the fuzzer, test_crash_survival.py).
+MAX_PARALLEL_SAMPLES = 128
 # Deeper JSON is refused before it is parsed (the guard's own json.loads recursed at ~1,000 levels
 # and answered 500); no OpenAI request or JSON schema a model can follow nests this deep.
 MAX_JSON_DEPTH = 64
@@ -178,11 +182,17 @@ def body_problem(path: str, body: bytes) -> str | None:
     reports those itself, with a 400). Depth on every route; the rest on OpenAI routes."""
     if json_depth(body) > MAX_JSON_DEPTH:
         return f"the request body nests deeper than {MAX_JSON_DEPTH} levels"
-    if not path.startswith("/v1/"):
-        return None
     try:
         payload = json.loads(body)
     except ValueError:
+        return None
+    if path.rstrip("/") == "/generate" and isinstance(payload, dict):
+        params = payload.get("sampling_params")
+        for one in params if isinstance(params, list) else [params]:
+            if isinstance(one, dict) and "n" in one and (
+                    one["n"] is None or _too_many_samples(one["n"])):  # null: a 500 there
+                return f"sampling_params.n must be between 1 and {MAX_PARALLEL_SAMPLES}"
+    if not path.startswith("/v1/"):
         return None
     if not isinstance(payload, dict):
         return f"the request body must be a JSON object, not a JSON {type(payload).__name__}"
@@ -195,6 +205,8 @@ def body_problem(path: str, body: bytes) -> str | None:
         if cycle is not None:
             return (f"response_format json_schema: the $ref {cycle!r} refers back to itself "
                     "and matches no JSON value")
+    if _too_many_samples(payload.get("n")):
+        return f"n must be between 1 and {MAX_PARALLEL_SAMPLES}"
     top = payload.get("top_logprobs")
     if path.startswith("/v1/completions"):  # the legacy API's count is `logprobs`
         top = payload.get("logprobs")
@@ -234,6 +246,10 @@ def route_problem(path: str, server_args) -> str | None:
     if need is not None and server_args is not None and not need[1](server_args):
         return f"{path} needs a server started with {need[0]}"
     return None
+
+
+def _too_many_samples(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n > MAX_PARALLEL_SAMPLES
 
 
 def _error(status: int, message: str, kind: str):

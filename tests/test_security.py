@@ -100,6 +100,15 @@ def test_body_problems(path, body, words):
     assert words in body_problem(path, body)
 
 
+def test_parallel_samples_capped():
+    assert "n must be between 1 and 128" in body_problem("/v1/chat/completions", b'{"n": 129}')
+    for params in (b'{"n": 2147483648}', b'{"n": null}', b'[{"n": 1}, {"n": 500}]'):
+        assert "sampling_params.n must be" in body_problem(
+            "/generate", b'{"text": "x", "sampling_params": ' + params + b"}")
+    assert body_problem("/generate", b'{"sampling_params": {"n": 128}}') is None
+    assert body_problem("/v1/completions", b'{"n": 3}') is None
+
+
 def test_ordinary_bodies_have_no_problem():
     assert body_problem("/v1/chat/completions", b'{"top_logprobs": 20, "logprobs": true}') is None
     assert body_problem("/v1/chat/completions", b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH

@@ -10,6 +10,8 @@ from domino_sglang.local_server import sse_chunks
 
 API_KEY = "domino-reliability-test-key-7d1f"  # a test value, not a secret
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+ADMIN_KEY = "domino-reliability-admin-key-42c9"  # a test value, not a secret
+ADMIN_AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 POOL = 2048  # KV pool of the shared server, in tokens (--max-total-tokens)
 TIMEOUT = 900
 

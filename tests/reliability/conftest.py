@@ -8,7 +8,7 @@ Configured as an operator would run it, and small enough to be under pressure:
     test_domino_server.py), on prompts whose answer repeats a word whole blocks are accepted, so
     one server exercises both rejected and accepted rounds;
   - a KV pool of POOL tokens, far below what 48 running requests need, so loads queue and retract;
-  - `--api-key`: every request here carries AUTH;
+  - `--api-key` and `--admin-api-key`: every request here carries AUTH, admin routes ADMIN_AUTH;
   - DOMINO_ADAPTIVE=0: every round verifies a full block, even at batch sizes where the adaptive
     policy would decode plainly, so the speculative path is what gets the load.
 SGLang's own idle check (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE, on by default) raises in the
@@ -30,7 +30,7 @@ import pytest
 
 from domino_sglang.local_server import start_server
 from tests.drafters import make_repeat_drafter
-from tests.reliability.client import API_KEY, POOL
+from tests.reliability.client import ADMIN_KEY, API_KEY, POOL
 from tests.reliability.workload import all_jobs, comparable, run
 
 
@@ -44,7 +44,8 @@ def rel_server(rel_drafter, references):  # references first: AR work done befor
     server = start_server(
         "reliability",
         ["--dtype", "float32", "--max-total-tokens", str(POOL), "--api-key", API_KEY],
-        ["--speculative-algorithm", "DOMINO", "--speculative-draft-model-path", str(rel_drafter)],
+        ["--speculative-algorithm", "DOMINO", "--speculative-draft-model-path", str(rel_drafter),
+         "--admin-api-key", ADMIN_KEY],
         env={"DOMINO_ADAPTIVE": "0"})
     yield server
     server.stop()

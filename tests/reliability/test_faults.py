@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from tests.conftest import PROMPTS
-from tests.reliability.client import AUTH, TIMEOUT, assert_idle, metrics
+from tests.reliability.client import ADMIN_AUTH, AUTH, TIMEOUT, assert_idle, metrics
 from tests.reliability.workload import comparable, other_jobs, run
 
 pytestmark = pytest.mark.server
@@ -67,11 +67,11 @@ def test_requests_aborted_through_the_api(references, rel_server, tokenizer):
     wait_running(rel_server.url, 4)
     # one by id, then the rest at once
     ok = requests.post(f"{rel_server.url}/abort_request", json={"rid": "rel-abort-0"},
-                       headers=AUTH, timeout=60)
+                       headers=ADMIN_AUTH, timeout=60)
     assert ok.status_code == 200
     time.sleep(1.0)
     assert requests.post(f"{rel_server.url}/abort_request", json={"abort_all": True},
-                         headers=AUTH, timeout=60).status_code == 200
+                         headers=ADMIN_AUTH, timeout=60).status_code == 200
     for t in threads:
         t.join(timeout=300)
     assert sorted(results) == [f"rel-abort-{i}" for i in range(4)]

@@ -1,7 +1,7 @@
-"""Security defaults: loopback bind, `--api-key` on every endpoint SGLang protects, no secret in
-the log or the printed command. (Drafters load only from safetensors and a config asking for
-remote code is refused: tests/test_drafter_loading.py::test_bad_weights and
-test_malformed_config_is_rejected_naming_the_field[auto_map-...].)
+"""Security defaults: loopback bind, `--api-key` on every API route, `--admin-api-key` on every
+admin route, no CORS, foreign Host names and cross-origin requests refused, the realtime
+websocket behind the key, no secret in the log or the printed command. (Drafters load only
+from safetensors, never pickle: tests/test_drafter_loading.py.)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import requests
 
 from domino_sglang import cli
 from domino_sglang.guards import install_log_redaction, redact_command
-from tests.reliability.client import API_KEY, AUTH
+from tests.reliability.client import ADMIN_AUTH, API_KEY, AUTH
 
 # Open by design in SGLang 0.5.23 (utils/auth.py: probes and Prometheus scrapes need no secret):
 # every path starting with one of these.
@@ -57,34 +57,86 @@ def test_log_records_are_redacted(caplog):
         logging.setLogRecordFactory(before)
 
 
+def route_levels() -> dict[tuple[str, str], bool]:
+    """(METHOD, path) -> whether SGLang marks the route admin (ADMIN_OPTIONAL / ADMIN_FORCE),
+    read from SGLang's own app, independently of the server under test."""
+    from sglang.srt.entrypoints.http_server import app
+    from sglang.srt.utils.auth import AuthLevel
+
+    admin = (AuthLevel.ADMIN_OPTIONAL, AuthLevel.ADMIN_FORCE)
+    return {(method, route.path): getattr(route.endpoint, "_auth_level", None) in admin
+            for route in app.routes if getattr(route, "methods", None)
+            for method in route.methods if method != "HEAD"}
+
+
 @pytest.mark.server
-def test_api_key_guards_every_endpoint_but_probes_and_metrics(rel_server):
+def test_each_key_unlocks_exactly_its_routes(rel_server):
+    """No key / a wrong key: every route but probes and metrics refused. The ordinary key:
+    every route but the admin ones. The admin key: the admin routes (README "Security")."""
+    levels = route_levels()
     schema = requests.get(f"{rel_server.url}/openapi.json", headers=AUTH, timeout=60)
     assert schema.status_code == 200
     assert requests.get(f"{rel_server.url}/openapi.json", timeout=60).status_code == 401
     routes = [(method.upper(), path) for path, ops in schema.json()["paths"].items()
               for method in ops]
     assert len(routes) > 40 and ("POST", "/v1/chat/completions") in routes
-    refused, open_ = [], []
+    admin_routes = [r for r in routes if levels.get(r)]
+    assert len(admin_routes) > 40 and ("POST", "/update_weights_from_disk") in admin_routes
+    refused, open_ = set(), set()
     for method, path in routes:
         url = rel_server.url + path.replace("{model}", "default").replace(
             "{response_id}", "x").replace("{method}", "x")
-        for headers in ({}, {"Authorization": "Bearer wrong-key"}, {"Authorization": API_KEY}):
+        admin = levels.get((method, path), False)
+        for headers in ({}, {"Authorization": "Bearer wrong-key"}, AUTH):
             r = requests.request(method, url, headers=headers, json={}, timeout=120)
-            if path.startswith(OPEN_PREFIXES):
-                open_.append(path)
-                assert r.status_code not in (401, 403), (method, path)
+            if path.startswith(OPEN_PREFIXES) or (headers is AUTH and not admin):
+                open_.add(path)
+                assert r.status_code not in (401, 403), (method, path, headers, r.status_code)
             else:
-                refused.append(path)
-                # 403: ADMIN_FORCE endpoints, refused to everyone without --admin-api-key
+                refused.add(path)
                 assert r.status_code in (401, 403), (method, path, headers, r.status_code)
-    assert "/health" in open_ and "/v1/models" in refused and "/generate" in refused
+    assert "/health" in open_ and "/v1/models" in open_ and "/flush_cache" in refused
     # /metrics is mounted outside the OpenAPI schema; open too
     assert requests.get(f"{rel_server.url}/metrics", timeout=60).status_code == 200
-    print(f"\n{len(set(refused))} paths refused without the key, open: {sorted(set(open_))}")
-    # with the key: served
-    ok = requests.get(f"{rel_server.url}/v1/models", headers=AUTH, timeout=60)
-    assert ok.status_code == 200 and ok.json()["data"]
+    print(f"\n{len(routes)} routes, {len(admin_routes)} admin (need the admin key)")
+    # the admin key opens an admin route; the ordinary key does not
+    flush = f"{rel_server.url}/flush_cache"
+    assert requests.post(flush, headers=AUTH, timeout=60).status_code == 401
+    assert requests.post(flush, headers=ADMIN_AUTH, timeout=60).status_code == 200
+
+
+@pytest.mark.server
+def test_browsers_and_foreign_hosts_are_refused(rel_server):
+    """CORS off, cross-origin requests and foreign Host names refused (DNS rebinding)."""
+    url = f"{rel_server.url}/v1/models"
+    assert requests.get(url, headers=AUTH, timeout=60).status_code == 200
+    page = requests.get(url, headers={**AUTH, "Origin": "https://evil.example"}, timeout=60)
+    assert page.status_code == 403 and "access-control-allow-origin" not in page.headers
+    preflight = requests.options(url, timeout=60, headers={
+        "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in preflight.headers
+    rebound = requests.get(url, headers={**AUTH, "Host": f"evil.example:{rel_server.port}"},
+                           timeout=60)
+    assert rebound.status_code == 400 and "--domino-allowed-hosts" in rebound.text
+    same = requests.get(url, headers={**AUTH, "Origin": rel_server.url}, timeout=60)
+    assert same.status_code == 200  # the server's own pages (/docs) keep working
+
+
+@pytest.mark.server
+def test_realtime_websocket_needs_the_key(rel_server):
+    import websocket
+
+    ws_url = rel_server.url.replace("http://", "ws://") + "/v1/realtime"
+    for headers in ([], ["Authorization: Bearer wrong-key"]):
+        with pytest.raises(websocket.WebSocketException) as refused:
+            websocket.create_connection(ws_url, header=headers, timeout=60).recv()
+        print(f"\nrefused: {refused.value!r}")
+    ws = websocket.create_connection(ws_url, header=[f"Authorization: {AUTH['Authorization']}"],
+                                     timeout=60)
+    try:  # accepted: the handshake completed (what SGLang's handler then says is its own)
+        assert ws.connected
+    finally:
+        ws.close()
 
 
 @pytest.mark.server
