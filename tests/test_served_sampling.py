@@ -1,0 +1,112 @@
+"""Sampling through the served API is exact: DOMINO's first tokens at T = 0.8 follow the same
+distribution as plain decoding's, seeded and unseeded (two-sample chi-square on the first token
+and on token pairs), and the same test tells a deliberately broken verifier apart (its power).
+
+The in-process tests (test_sampling.py) check the verifier against exact joint distributions;
+this one checks the whole served path: prefill sampling, the draft pass, verification, commit,
+seeds. Servers: plain decoding (float32), DOMINO with the shipped drafter (float32, fixed block
+16, so every round speculates), and the same DOMINO server with `verify_mixed` replaced by one
+that accepts every draft (tests/fixtures/broken_verifier, loaded through PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+from scipy.stats import chi2_contingency
+
+from domino_sglang.local_server import start_server
+from domino_sglang.paths import shipped_drafter_dir
+
+pytestmark = pytest.mark.server
+SAMPLES = 400
+TOKENS = 4
+TEMPERATURE = 0.8
+PROMPT = "Write one sentence about the sea."
+# 2 servers compared x 2 modes x 2 statistics at a family-wise 1%, Bonferroni
+ALPHA = 0.01 / 8
+MIN_CELL = 10  # outcomes seen fewer times (both servers together) are pooled into one cell
+BROKEN = Path(__file__).parent / "fixtures" / "broken_verifier"
+
+
+def domino_server(name: str, extra_env: dict | None = None):
+    return start_server(name, ["--dtype", "float32", "--max-total-tokens", "16384",
+                               "--drafter", str(shipped_drafter_dir())],
+                        env={"DOMINO_ADAPTIVE": "0", **(extra_env or {})})
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tokenizer) -> list[int]:
+    return tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=True,
+                                         add_generation_prompt=True, return_dict=False)
+
+
+def draw(url: str, ids: list[int], seeded: bool) -> list[tuple[int, ...]]:
+    """SAMPLES answers of TOKENS tokens each (seeds 0..SAMPLES-1 when seeded)."""
+    def one(i: int) -> tuple[int, ...]:
+        params = {"temperature": TEMPERATURE, "max_new_tokens": TOKENS, "ignore_eos": True}
+        if seeded:
+            params["sampling_seed"] = i
+        r = requests.post(f"{url}/generate", json={"input_ids": ids, "sampling_params": params},
+                          timeout=600)
+        r.raise_for_status()
+        return tuple(r.json()["output_ids"])
+
+    with ThreadPoolExecutor(16) as pool:
+        return list(pool.map(one, range(SAMPLES)))
+
+
+def homogeneity(a: list, b: list) -> tuple[float, int]:
+    """Two-sample chi-square test of homogeneity over the outcomes of a and b: (p-value, cells).
+    Outcomes seen fewer than MIN_CELL times in both samples together are pooled into one cell."""
+    ca, cb = Counter(a), Counter(b)
+    common = [k for k in ca.keys() | cb.keys() if ca[k] + cb[k] >= MIN_CELL]
+    rest_a = len(a) - sum(ca[k] for k in common)
+    rest_b = len(b) - sum(cb[k] for k in common)
+    table = [[ca[k] for k in common], [cb[k] for k in common]]
+    if rest_a + rest_b:
+        table[0].append(rest_a)
+        table[1].append(rest_b)
+    return float(chi2_contingency(table)[1]), len(table[0])
+
+
+def statistics(a: list[tuple[int, ...]], b: list[tuple[int, ...]]) -> dict[str, tuple]:
+    return {"first token": homogeneity([s[0] for s in a], [s[0] for s in b]),
+            "tokens 1-2": homogeneity([s[:2] for s in a], [s[:2] for s in b]),
+            "tokens 2-3": homogeneity([s[1:3] for s in a], [s[1:3] for s in b])}
+
+
+@pytest.fixture(scope="module")
+def samples(ar_server_fp32, prompt_ids) -> dict[str, dict[bool, list]]:
+    out = {"plain": {s: draw(ar_server_fp32.url, prompt_ids, s) for s in (False, True)}}
+    with domino_server("sampling-domino") as server:
+        out["domino"] = {s: draw(server.url, prompt_ids, s) for s in (False, True)}
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(BROKEN),
+                                                       os.environ.get("PYTHONPATH")]))}
+    with domino_server("sampling-broken", env) as server:
+        out["broken"] = {False: draw(server.url, prompt_ids, False)}
+    return out
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["unseeded", "seeded"])
+def test_domino_samples_follow_plain_decoding(samples, seeded):
+    stats = statistics(samples["domino"][seeded], samples["plain"][seeded])
+    for name, (p, cells) in stats.items():
+        print(f"\n{'seeded' if seeded else 'unseeded'} {name}: p = {p:.4f} over {cells} cells")
+    for name, (p, cells) in stats.items():
+        assert cells >= 3, f"{name}: too few outcomes ({cells}) for the test to mean anything"
+        assert p > ALPHA, f"{name}: DOMINO's samples differ from plain decoding's (p = {p:.2e})"
+
+
+def test_the_same_test_catches_a_broken_verifier(samples):
+    """Power: accepting every draft commits the drafter's samples; the pair statistics must
+    reject it at the same level (the first token comes from the prefill, unchanged there)."""
+    stats = statistics(samples["broken"][False], samples["plain"][False])
+    for name, (p, cells) in stats.items():
+        print(f"\nbroken verifier {name}: p = {p:.2e} over {cells} cells")
+    assert min(stats["tokens 1-2"][0], stats["tokens 2-3"][0]) < ALPHA, stats
