@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow-failures", action="store_true")
     args = ap.parse_args(argv)
     if args.prompts is not None:
-        from prompt_file import load_prompt_file
+        from loadtest_common import load_prompt_file
 
         try:
             load_prompt_file(args.prompts)

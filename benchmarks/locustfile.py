@@ -30,7 +30,6 @@ import csv
 import json
 import os
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -44,7 +43,7 @@ from domino_sglang import data  # noqa: E402
 from domino_sglang.local_server import sse_chunks  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prompt_file import load_prompt_file  # noqa: E402
+from loadtest_common import latency_summary, load_prompt_file, stream_latencies  # noqa: E402
 
 # prompt set name -> chat messages lists
 PROMPTS: dict[str, list[list[dict]]] = {}
@@ -87,19 +86,6 @@ def _load_prompts(environment, **_):
             PROMPTS[name.strip()] = [[{"role": "user", "content": p}]
                                      for p in data.load(name.strip())]
     STARTED["t"] = time.time()
-
-
-def stream_latencies(start: float, chunk_times: list[float], tokens: int) -> dict[str, list]:
-    """TTFT, TPOT and the inter-chunk gaps (ms) of one streamed answer: `chunk_times` are the
-    perf_counter times of its content chunks, `tokens` its completion tokens (usage)."""
-    out: dict[str, list] = {"TTFT": [], "TPOT": [], "ITL": []}
-    if not chunk_times:
-        return out
-    out["TTFT"].append((chunk_times[0] - start) * 1e3)
-    if tokens > 1:
-        out["TPOT"].append((chunk_times[-1] - chunk_times[0]) * 1e3 / (tokens - 1))
-    out["ITL"] = [(b - a) * 1e3 for a, b in zip(chunk_times, chunk_times[1:])]
-    return out
 
 
 class ChatUser(HttpUser):
@@ -182,27 +168,6 @@ class ChatUser(HttpUser):
             r.success()
         for metric, values in stream_latencies(start, chunk_times, tokens).items():
             SAMPLES.extend((metric, prompt_set, v) for v in values)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank-interpolated percentile (statistics.quantiles), None without samples."""
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
-
-
-def latency_summary(samples: list[tuple[str, str, float]]) -> dict:
-    """{metric: {count, mean, p50, p90, p99} in ms} over the raw samples."""
-    out = {}
-    for metric in ("TTFT", "TPOT", "ITL"):
-        v = [x for m, _, x in samples if m == metric]
-        out[metric] = {"count": len(v),
-                       "mean_ms": None if not v else round(statistics.fmean(v), 3),
-                       **{f"p{int(q * 100)}_ms": None if not v else round(percentile(v, q), 3)
-                          for q in (0.5, 0.9, 0.99)}}
-    return out
 
 
 def summarize(environment) -> dict:

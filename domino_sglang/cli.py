@@ -174,7 +174,6 @@ def cmd_draft_vocab(args: argparse.Namespace) -> int:
 def cmd_regenerate(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from domino_sglang.local_server import start_server
     from domino_sglang.target import TargetError, prepare_target
     from domino_sglang.train.regenerate import (
         RegenConfig,
@@ -218,6 +217,12 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     if args.url:
         n = regenerate(args.url.rstrip("/"), items, args.out, conf)
     else:
+        try:  # the test / training server harness: in the repository, not in the wheel
+            from domino_sglang.local_server import start_server
+        except ImportError:
+            _fail("regenerate: starting a server needs the repository checkout "
+                  "(domino_sglang/local_server.py is not in the wheel); pass --url of a "
+                  "running server instead")
         serve = ["--no-speculation", "--model-path", str(target)]
         sglang = ["--max-running-requests", str(conf.concurrency)]
         with start_server("regenerate", serve, sglang, threads=args.threads) as server:
