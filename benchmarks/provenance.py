@@ -50,7 +50,7 @@ def _pkg(name: str) -> str:
 def collect() -> dict:
     return {
         "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
-        "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+        "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S"),
         "revision": git_revision(),
         "machine": f"{_cpu_model()}, {os.cpu_count()} cores, "
                    f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, "

@@ -1,8 +1,9 @@
 """The `domino-sglang` command: prepare-target | serve (more subcommands join as they land).
 
-`serve` builds a stock `python -m sglang.launch_server` command line (our plugin is loaded by
-SGLang itself through its entry point) and replaces this process with it, so the server's PID is
-the one the user started.
+`serve` builds a stock `sglang serve` command line (SGLang's current entry point; our plugin is
+loaded by SGLang itself through its entry point) and replaces this process with it, so the
+server's PID is the one the user started. `--model-path` and `--drafter` take a local folder or a
+Hugging Face hub id (hub.py).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
     """Return (argv, env overrides) of the SGLang launch for `serve`."""
     model = str(args.model_path)
     cmd = [
-        sys.executable, "-m", "sglang.launch_server",
+        *sglang_serve_argv(),
+        "--model-type", "llm",  # skip `sglang serve`'s diffusion probe (a hub request per id)
         "--model-path", model,
         "--host", args.host,
         "--port", str(args.port),
@@ -88,6 +90,15 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
         if args.dtype:
             cmd += ["--dtype", args.dtype]
     return cmd + extra, env
+
+
+def sglang_serve_argv() -> list[str]:
+    """`sglang serve` of this interpreter's environment (its console script, else the module)."""
+    script = Path(sys.executable).parent / "sglang"
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script), "serve"]
+    return [sys.executable, "-c", "import sys; from sglang.cli.main import main; "
+            "sys.argv[0] = 'sglang'; sys.exit(main())", "serve"]
 
 
 def _default_drafter() -> Path | None:
@@ -163,7 +174,6 @@ def cmd_draft_vocab(args: argparse.Namespace) -> int:
 def cmd_regenerate(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from domino_sglang.local_server import start_server
     from domino_sglang.target import TargetError, prepare_target
     from domino_sglang.train.regenerate import (
         RegenConfig,
@@ -207,6 +217,12 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     if args.url:
         n = regenerate(args.url.rstrip("/"), items, args.out, conf)
     else:
+        try:  # the test / training server harness: in the repository, not in the wheel
+            from domino_sglang.local_server import start_server
+        except ImportError:
+            _fail("regenerate: starting a server needs the repository checkout "
+                  "(domino_sglang/local_server.py is not in the wheel); pass --url of a "
+                  "running server instead")
         serve = ["--no-speculation", "--model-path", str(target)]
         sglang = ["--max-running-requests", str(conf.concurrency)]
         with start_server("regenerate", serve, sglang, threads=args.threads) as server:
@@ -272,12 +288,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_drafter(drafter: Path, model_path: Path, extra: list[str]) -> None:
+def _check_drafter(drafter: Path, target_cfg: dict | None, extra: list[str]) -> None:
     """Everything the DOMINO worker checks at start-up (config, match with the target, weight
     names / shapes / finiteness, safetensors only), before SGLang spends minutes loading the
     target: a malformed drafter fails here with one line."""
-    import json
-
     from domino_sglang.config import (
         DrafterConfigError,
         check_against_target,
@@ -288,9 +302,8 @@ def _check_drafter(drafter: Path, model_path: Path, extra: list[str]) -> None:
     block = flag_value(extra, "--speculative-num-draft-tokens")
     try:
         conf = load_draft_config(drafter, int(block) if block and block.isdigit() else None)
-        target_cfg = model_path / "config.json"
-        if target_cfg.is_file():
-            t = json.loads(target_cfg.read_text())
+        if target_cfg is not None:
+            t = target_cfg.get("text_config") or target_cfg  # multimodal configs nest it
             check_against_target(conf, t["hidden_size"], t["vocab_size"], t["num_hidden_layers"])
         load_draft_weights(conf)
     except DrafterConfigError as exc:
@@ -305,10 +318,16 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
             args.model_path = prepare_target()
         except TargetError as exc:
             _fail(f"serve: {exc}")
-    elif not Path(args.model_path).exists():
-        _fail(f"serve: --model-path {args.model_path} does not exist")
+    from domino_sglang.hub import DRAFTER_FILES, HubError, resolve_folder, target_config
+
+    try:  # a hub id stays an id for SGLang; its config.json (cached / fetched) serves the check
+        target_cfg = target_config(args.model_path)
+        if args.drafter is not None and not args.no_speculation:
+            args.drafter = resolve_folder(args.drafter, "--drafter", DRAFTER_FILES)
+    except HubError as exc:
+        _fail(f"serve: {exc}")
     if args.drafter is not None and not args.no_speculation:
-        _check_drafter(args.drafter, Path(args.model_path), extra)
+        _check_drafter(Path(args.drafter), target_cfg, extra)
     if _port_in_use(args.host, args.port):
         _fail(f"serve: port {args.port} on {args.host} is already in use; choose another --port")
     cmd, env = build_serve_command(args, extra)
@@ -398,11 +417,13 @@ def make_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=30000)
-    s.add_argument("--model-path", type=Path, default=None,
-                   help=f"default: the prepared {paths.DEFAULT_TARGET_NAME}")
+    s.add_argument("--model-path", default=None,
+                   help="target: a local folder or a Hugging Face hub id, e.g. Qwen/Qwen3-8B "
+                        f"(default: the prepared {paths.DEFAULT_TARGET_NAME})")
     s.add_argument("--no-speculation", action="store_true", help="plain decoding")
-    s.add_argument("--drafter", type=Path, default=None,
-                   help="Domino drafter folder (default: the shipped one, if any)")
+    s.add_argument("--drafter", default=None,
+                   help="Domino drafter: a local folder or a hub id, e.g. "
+                        "Huang2020/Qwen3-8B-Domino-b16 (default: the shipped one, if any)")
     s.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: auto")
     s.add_argument("--dtype", default=None,
                    help="model dtype (CPU default: bfloat16 where the CPU has native bf16 "

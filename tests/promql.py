@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "domino-sglang.json"
 # Grafana variables in the dashboard, replaced before PromQL parsing / evaluation.
-GRAFANA_VARS = {"$__rate_interval": "1m", "$instance": ".*"}
+GRAFANA_VARS = {"$__rate_interval": "1m", "$instance": ".*", "$model_name": ".*"}
 PROMQL_FUNCS_AND_WORDS = {"sum", "rate", "by", "on", "ignoring", "group_left", "group_right",
                           "histogram_quantile", "max", "min", "avg", "le", "instance"}
 METRIC = re.compile(r"\b((?:sglang:|domino_)[a-zA-Z0-9_:]+)")

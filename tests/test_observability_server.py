@@ -142,17 +142,29 @@ def test_headless_locust_run(server, tmp_path):
     s = loadtest.run(server.url, users=3, duration="12s", out=tmp_path, stem="lt",
                      max_tokens=8, stream_ratio=0.5)
     print(f"\nlocust: {s['requests']} requests, {s['output_tokens_per_s']} tok/s, "
-          f"TTFT p50 {s['ttft_p50_ms']} ms, ITL p50 {s['itl_p50_ms']} ms")
+          f"TTFT p50 {s['ttft_p50_ms']} ms, TPOT p50 {s['tpot_p50_ms']} ms, "
+          f"ITL p50 {s['itl_p50_ms']} ms, tau {s['domino']['tau']}")
     assert s["failures"] == 0 and s["errors"] == []
     assert s["requests"] >= 3 and s["output_tokens"] == 8 * s["requests"]
-    assert s["streamed_requests"] >= 3 and s["ttft_p50_ms"] > 0 and s["itl_p50_ms"] > 0
+    # one locust entry per HTTP request: nothing else is counted
+    assert s["locust_total_requests"] == s["requests"]
+    assert s["streamed_requests"] >= 3 and s["ttft_p50_ms"] > 0 and s["tpot_p50_ms"] > 0
+    assert s["latency"]["ITL"]["count"] >= s["streamed_requests"]  # several gaps per answer
     assert s["requests"] > s["streamed_requests"]  # non-streamed ones too
+    # the run's tau from the /metrics deltas: every request here is speculative
+    d = s["domino"]
+    assert d["verify_rounds"] > 0 and d["tau"] == round(
+        (d["accepted_drafts"] + d["verify_rounds"]) / d["verify_rounds"], 4)
     rows = (tmp_path / "lt_stats.csv").read_text().splitlines()
     types = {r.split(",")[0] for r in rows[1:]}
     names = {r.split(",")[1] for r in rows[1:]}
-    assert {"POST", "TTFT", "ITL"} <= types
+    assert types == {"POST", ""}  # the requests and the Aggregated row only
+    agg = next(r.split(",") for r in rows[1:] if r.split(",")[1] == "Aggregated")
+    assert int(agg[2]) == s["requests"]
     assert any(n.startswith("chat-stream ") for n in names)
     assert any(n.startswith("chat ") for n in names)
+    lat = (tmp_path / "lt_latency.csv").read_text().splitlines()
+    assert {r.split(",")[0] for r in lat[1:]} == {"TTFT", "TPOT", "ITL"}
     for f in ("lt_stats_history.csv", "lt_failures.csv", "lt_summary.json", "lt_summary.md"):
         assert (tmp_path / f).exists(), f
     assert "requests/s" in (tmp_path / "lt_summary.md").read_text()

@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-import tomllib
 import torch
 import torch.nn.functional as F
 from torch import nn
