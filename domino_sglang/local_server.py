@@ -2,11 +2,14 @@
 and read their streamed responses.
 
 Each server runs on a free loopback port in its own process group, with a pinned number of torch
-threads, and is stopped by PID (the whole group).
+threads, and is stopped by PID (the whole group). Servers still running when this process exits
+(normally, by Ctrl-C, or by SIGTERM once `stop_servers_on_sigterm()` is installed, as the test
+suite does) are stopped too: a CI time-out must not leave servers behind.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -37,7 +40,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@dataclass
+@dataclass(eq=False)
 class Server:
     name: str
     port: int
@@ -59,6 +62,7 @@ class Server:
         self.stop()
 
     def stop(self) -> None:
+        _running.discard(self)
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
@@ -110,7 +114,28 @@ def _launch(name: str, serve_args: list[str], sglang_args: list[str] | None, env
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 env=full_env, stdin=subprocess.DEVNULL, start_new_session=True)
-    return Server(name=name, port=port, proc=proc, log_path=log_path, args=cmd)
+    server = Server(name=name, port=port, proc=proc, log_path=log_path, args=cmd)
+    _running.add(server)
+    return server
+
+
+_running: set[Server] = set()
+
+
+@atexit.register
+def stop_all() -> None:
+    """Stop every server this process started and has not stopped yet."""
+    for server in list(_running):
+        server.stop()
+
+
+def stop_servers_on_sigterm() -> None:
+    """Turn SIGTERM into a normal exit, so `stop_all` runs (the default action skips atexit)."""
+    def exit_on_sigterm(signum, _frame):
+        stop_all()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
 
 
 def port_taken(server: Server) -> bool:

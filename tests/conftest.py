@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from domino_sglang.local_server import start_server
+from domino_sglang.local_server import start_server, stop_servers_on_sigterm
 
 torch.set_num_threads(1)
+stop_servers_on_sigterm()  # a CI time-out (SIGTERM) stops the servers the tests started
 
+APP_ORIGIN = "https://app.example"  # the one origin ar_server_bf16 allows
+SMALL_BODY_CAP = 16384  # ar_server_bf16's --domino-max-request-bytes
 PROMPTS = [
     "What is the capital of France? Answer in one sentence, then describe the city.",
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -61,7 +64,10 @@ def ar_server_fp32(target_path):
 
 @pytest.fixture(scope="session")
 def ar_server_bf16(target_path):
+    # with the plugin's HTTP flags set, on a plain server (test_openai_api.py checks them)
     server = start_server("ar-bf16", ["--no-speculation", "--dtype", "bfloat16",
-                                      "--max-total-tokens", "16384"])
+                                      "--max-total-tokens", "16384"],
+                          ["--domino-allowed-origins", APP_ORIGIN,
+                           "--domino-max-request-bytes", str(SMALL_BODY_CAP)])
     yield server
     server.stop()

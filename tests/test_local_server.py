@@ -1,6 +1,12 @@
-"""start_server: a server whose port was taken before it could bind is restarted on another one."""
+"""start_server: a server whose port was taken before it could bind is restarted on another one;
+servers still running when the test process is terminated are stopped with it."""
 
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 import requests
@@ -35,3 +41,34 @@ def test_every_port_taken_fails_with_one_clear_error(monkeypatch):
         monkeypatch.setattr(local_server, "free_port", lambda: taken)
         with pytest.raises(RuntimeError, match="its port was taken before it could bind, 2 times"):
             start_server("port-taken", ["--no-speculation"], timeout=300, attempts=2)
+
+
+CHILD = """
+import subprocess, sys, time
+from pathlib import Path
+from domino_sglang import local_server as ls
+ls.stop_servers_on_sigterm()
+proc = subprocess.Popen(["sleep", "600"], start_new_session=True)  # stands in for a server
+ls._running.add(ls.Server("stand-in", 0, proc, Path("/dev/null")))
+print(proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_sigterm_stops_the_servers_a_test_run_started():
+    """A CI time-out sends SIGTERM to pytest: the servers it started (own process groups) must
+    not outlive it. Checked on a stand-in process registered as a running server."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
+    pid = int(child.stdout.readline())
+    os.kill(pid, 0)  # the stand-in runs
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=60) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.killpg(pid, signal.SIGKILL)
+    raise AssertionError("the stand-in server outlived the SIGTERM'd test process")

@@ -7,6 +7,8 @@ import pytest
 import requests
 from openai import OpenAI
 
+from tests.conftest import APP_ORIGIN, SMALL_BODY_CAP
+
 pytestmark = pytest.mark.server
 
 
@@ -61,3 +63,16 @@ def test_metrics_exposes_sglang_series(ar_server_bf16, client):
              if line.startswith("sglang:")}
     assert "sglang:num_running_reqs" in names
     assert any(n.startswith("sglang:prompt_tokens") for n in names)
+
+
+def test_plugin_http_flags_are_honoured(ar_server_bf16):
+    """The plugin's flags (server_flags.py) reach the server through SGLang's parser: the
+    allowed origin gets CORS, another origin is refused, a body over the cap is a 413."""
+    url = f"{ar_server_bf16.url}/v1/models"
+    ok = requests.get(url, headers={"Origin": APP_ORIGIN}, timeout=60)
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == APP_ORIGIN
+    assert requests.get(url, headers={"Origin": "https://other.example"},
+                        timeout=60).status_code == 403
+    body = {"model": "default", "messages": [{"role": "user", "content": "x" * SMALL_BODY_CAP}]}
+    big = requests.post(f"{ar_server_bf16.url}/v1/chat/completions", json=body, timeout=60)
+    assert big.status_code == 413 and str(SMALL_BODY_CAP) in big.json()["message"]
