@@ -79,8 +79,12 @@ test-fast: target
 lint: venv
 	$(BIN)/ruff check .
 
+# The maintained speed benchmark: plain decoding vs DOMINO (served default) in one paired run.
+# make bench BENCH_ARGS="--concurrency 1 2 4 8 16 32 --repeats 4"
+BENCH_ARGS ?= --concurrency 1 4 --temperatures 0 --max-tokens 64 --repeats 2
 bench: target
-	$(BIN)/python benchmarks/ar_baseline.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/throughput.py --methods ar domino-adaptive \
+	  $(BENCH_ARGS) --out bench
 
 # Headless locust run against a running server (`make serve` in another shell): CSV + summary
 # under benchmarks/results/loadtest/. make loadtest HOST=http://127.0.0.1:30000 USERS=8 DURATION=5m
