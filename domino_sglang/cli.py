@@ -57,6 +57,8 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
     ]
     if args.api_key:
         cmd += ["--api-key", args.api_key]
+    if args.admin_api_key:
+        cmd += ["--admin-api-key", args.admin_api_key]
     env: dict[str, str] = {}
     drafter = None if args.no_speculation else (args.drafter or _default_drafter())
     if drafter is not None and not _has_flag(extra, "--speculative-algorithm"):
@@ -435,6 +437,13 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", default=os.environ.get("DOMINO_SGLANG_API_KEY") or None,
                    help="require `Authorization: Bearer KEY` on the API (SGLang's --api-key; "
                         "default: env DOMINO_SGLANG_API_KEY; /health and /metrics stay open)")
+    s.add_argument("--admin-api-key",
+                   default=os.environ.get("DOMINO_SGLANG_ADMIN_API_KEY") or None,
+                   help="the key of the admin routes (weight updates, cache flush, aborts, "
+                        "profiling; SGLang's --admin-api-key; default: env "
+                        "DOMINO_SGLANG_ADMIN_API_KEY); without it they answer 403. More HTTP "
+                        "options after `--`: --domino-allowed-origins, --domino-allowed-hosts, "
+                        "--domino-max-request-bytes")
     s.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     return parser
 

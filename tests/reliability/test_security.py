@@ -34,6 +34,15 @@ def test_serve_command_passes_the_key_and_prints_it_redacted(target_path, capsys
     assert "--api-key <redacted>" in shown and "--admin-api-key=<redacted>" in shown
 
 
+def test_serve_passes_the_admin_key_from_the_environment(target_path, monkeypatch):
+    monkeypatch.setenv("DOMINO_SGLANG_ADMIN_API_KEY", "adm-env-3")
+    args = cli.make_parser().parse_args(["serve", "--model-path", str(target_path),
+                                         "--device", "cpu"])
+    cmd, _ = cli.build_serve_command(args, [])
+    assert cmd[cmd.index("--admin-api-key") + 1] == "adm-env-3"
+    assert "adm-env-3" not in " ".join(redact_command(cmd))
+
+
 def test_serve_dry_run_never_prints_the_key(target_path):
     env = {**os.environ, "DOMINO_SGLANG_API_KEY": "env-key-55"}
     proc = subprocess.run([sys.executable, "-m", "domino_sglang.cli", "serve", "--dry-run",
