@@ -21,8 +21,8 @@ METRIC = re.compile(r"\b((?:sglang:|domino_)[a-zA-Z0-9_:]+)")
 
 
 def readme_queries() -> list[str]:
-    """The PromQL in README's metrics table (between the promql markers), in order."""
-    text = (ROOT / "README.md").read_text()
+    """The PromQL in docs/operations.md's metrics table (between the promql markers), in order."""
+    text = (ROOT / "docs" / "operations.md").read_text()
     block = text.split("<!-- promql:start -->", 1)[1].split("<!-- promql:end -->", 1)[0]
     queries = []
     for line in block.splitlines():
