@@ -274,8 +274,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _check_drafter(drafter: Path, model_path: Path, extra: list[str]) -> None:
     """Everything the DOMINO worker checks at start-up (config, match with the target, weight
-    names / shapes / finiteness, safetensors only), before SGLang spends minutes loading the
-    target: a malformed drafter fails here with one line."""
+    names / shapes / finiteness, safetensors only, the draft vocabulary), before SGLang spends
+    minutes loading the target: a malformed drafter fails here with one line."""
     import json
 
     from domino_sglang.config import (
@@ -284,15 +284,18 @@ def _check_drafter(drafter: Path, model_path: Path, extra: list[str]) -> None:
         load_draft_config,
         load_draft_weights,
     )
+    from domino_sglang.vocab import load_draft_vocab
 
     block = flag_value(extra, "--speculative-num-draft-tokens")
     try:
-        conf = load_draft_config(drafter, int(block) if block and block.isdigit() else None)
+        conf = load_draft_config(drafter, int(block) if block and block.isdigit() else None,
+                                 tokenizer_path=flag_value(extra, "--tokenizer-path") or model_path)
         target_cfg = model_path / "config.json"
         if target_cfg.is_file():
             t = json.loads(target_cfg.read_text())
             check_against_target(conf, t["hidden_size"], t["vocab_size"], t["num_hidden_layers"])
         load_draft_weights(conf)
+        load_draft_vocab(conf.path, conf.vocab_size, honour_env=False)
     except DrafterConfigError as exc:
         _fail(f"serve: {exc}")
 
