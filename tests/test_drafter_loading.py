@@ -340,3 +340,23 @@ def test_dry_run_refuses_a_pickle_beside_the_safetensors(tmp_path, capsys):
     path = write(tmp_path / "d", UPSTREAM_LIKE)
     torch.save({"x": torch.zeros(1)}, path / "pytorch_model.bin")
     assert "pickle weights are refused (pytorch_model.bin)" in _dry_run(tmp_path, path, capsys)
+
+
+def test_sglang_candidate_pool_flag(monkeypatch):
+    """SGLang's --speculative-domino-candidate-pool-size sets the pool when given a value other
+    than its default (2048); env DOMINO_CANDIDATE_POOL still wins. 780c26f ignored the flag."""
+    from domino_sglang import algorithm
+
+    monkeypatch.delenv("DOMINO_CANDIDATE_POOL", raising=False)
+    monkeypatch.setattr(algorithm, "sglang_candidate_pool", lambda: None)  # no server
+    assert algorithm.candidate_pool_from_env(0) == 0
+    monkeypatch.setattr(algorithm, "sglang_candidate_pool", lambda: 2048)  # the flag's default
+    assert algorithm.candidate_pool_from_env(0) == 0  # the drafter's config is kept
+    monkeypatch.setattr(algorithm, "sglang_candidate_pool", lambda: 256)
+    assert algorithm.candidate_pool_from_env(2048) == 256
+    monkeypatch.setenv("DOMINO_CANDIDATE_POOL", "64")
+    assert algorithm.candidate_pool_from_env(2048) == 64
+    monkeypatch.delenv("DOMINO_CANDIDATE_POOL")
+    monkeypatch.setattr(algorithm, "sglang_candidate_pool", lambda: -1)
+    with pytest.raises(algorithm.DominoArgsError, match="candidate-pool-size must be"):
+        algorithm.candidate_pool_from_env(2048)
