@@ -113,7 +113,7 @@ def resolve_server_args(server_args) -> None:
     try:
         conf = load_draft_config(path, int(flag_block) if flag_block is not None else None,
                                  tokenizer_path=getattr(server_args, "tokenizer_path", None)
-                                 or server_args.model_path)
+                                 or getattr(server_args, "model_path", None))
     except DrafterConfigError as exc:
         raise DominoArgsError(str(exc)) from exc
     _set(server_args, "speculative_num_steps", 1, "one parallel draft pass per round")

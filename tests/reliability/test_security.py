@@ -1,7 +1,7 @@
 """Security defaults: loopback bind, `--api-key` on every endpoint SGLang protects, no secret in
-the log or the printed command. (Drafters load only from safetensors and a config asking for
-remote code is refused: tests/test_drafter_loading.py::test_bad_weights and
-test_malformed_config_is_rejected_naming_the_field[auto_map-...].)
+the log or the printed command. (Drafters load only from safetensors, a pickle beside them is
+refused, and a config's `auto_map` is metadata never executed: tests/test_drafter_loading.py::
+test_bad_weights, test_pickles_beside_safetensors_are_refused, test_auto_map_anywhere_is_metadata.)
 """
 
 from __future__ import annotations
