@@ -242,6 +242,43 @@ def _remote_code_metadata(cfg: dict, dcfg: dict) -> tuple[str, ...]:
     return tuple(found)
 
 
+# Variants upstream's DFlashDraftModel also builds but this drafter does not compute: refused,
+# naming the field, rather than served with different math. (field, where, allowed values)
+_UNSUPPORTED = (
+    ("attention_bias", "top", (None, False)),
+    ("use_gemma_norm", "top", (None, False)),
+    ("is_causal", "top", (None, False)),
+    ("rope_scaling", "top", (None, {})),
+    ("partial_rotary_factor", "top", (None, 1, 1.0)),
+    ("rope_is_neox_style", "top", (None, True)),
+    ("is_neox_style", "top", (None, True)),
+    ("hidden_act", "top", (None, "silu")),
+    ("conv_kernel_size", "dflash", (None, 0)),
+    ("attention_sink_bias", "dflash", (None, False)),
+    ("attention_value_scale", "dflash", (None,)),
+)
+
+
+def _refuse_unsupported(cfg: dict, dcfg: dict, where: str) -> None:
+    for name, level, allowed in _UNSUPPORTED:
+        value = (cfg if level == "top" else dcfg).get(name)
+        if not any(value == a and type(value) is type(a) for a in allowed if a is not None) \
+                and value is not None:
+            field_name = name if level == "top" else f"dflash_config.{name}"
+            raise DrafterConfigError(f"{where}: field '{field_name}' = {value!r} is not "
+                                     "supported by this drafter (the released Domino drafters "
+                                     "do not use it)")
+    rope_type = (cfg.get("rope_parameters") or {}).get("rope_type", "default")
+    if rope_type != "default":
+        raise DrafterConfigError(f"{where}: field 'rope_parameters.rope_type' = {rope_type!r} is "
+                                 "not supported (plain RoPE only)")
+    kinds = cfg.get("layer_types")
+    if kinds is not None and (not isinstance(kinds, list)
+                              or any(k != "full_attention" for k in kinds)):
+        raise DrafterConfigError(f"{where}: field 'layer_types' must list only "
+                                 f"\"full_attention\" layers, got {kinds!r}")
+
+
 def parse_draft_config(cfg: dict, path: str | Path, block_size: int | None = None,
                        tokenizer_path: str | Path | None = None) -> DraftConfig:
     """Validate a drafter config dict (the contents of `path/config.json`)."""
@@ -328,6 +365,7 @@ def parse_draft_config(cfg: dict, path: str | Path, block_size: int | None = Non
         mask_token_source=mask_source,
         raw=cfg,
     )
+    _refuse_unsupported(cfg, dcfg, where)
     if conf.num_heads % conf.num_kv_heads:
         raise DrafterConfigError(f"{where}: field 'num_key_value_heads' ({conf.num_kv_heads}) "
                                  f"must divide num_attention_heads ({conf.num_heads})")
