@@ -105,9 +105,15 @@ def resolve_server_args(server_args) -> None:
     if topk is not None and int(topk) != 1:
         raise DominoArgsError(f"DOMINO verifies a single chain: --speculative-eagle-topk must be "
                               f"1, got {topk}")
+    pool = getattr(server_args, "speculative_domino_candidate_pool_size", POOL_FLAG_DEFAULT)
+    if pool is not None and int(pool) < 0:
+        raise DominoArgsError(f"{POOL_FLAG} must be an integer >= 0 (0 = full vocabulary), "
+                              f"got {pool}")
     flag_block = server_args.speculative_num_draft_tokens
     try:
-        conf = load_draft_config(path, int(flag_block) if flag_block is not None else None)
+        conf = load_draft_config(path, int(flag_block) if flag_block is not None else None,
+                                 tokenizer_path=getattr(server_args, "tokenizer_path", None)
+                                 or getattr(server_args, "model_path", None))
     except DrafterConfigError as exc:
         raise DominoArgsError(str(exc)) from exc
     _set(server_args, "speculative_num_steps", 1, "one parallel draft pass per round")
@@ -286,8 +292,30 @@ def _env_number(name: str, default: float, kind: type, valid, requirement: str) 
     return value
 
 
+# SGLang's own Domino flag and its default (srt/arg_groups/fields/spec.py)
+POOL_FLAG, POOL_FLAG_DEFAULT = "--speculative-domino-candidate-pool-size", 2048
+
+
+def sglang_candidate_pool() -> int | None:
+    """`--speculative-domino-candidate-pool-size` as SGLang resolved it, or None outside a
+    server (nothing published)."""
+    try:
+        from sglang.srt.runtime_context import get_spec
+
+        return int(get_spec().speculative_domino_candidate_pool_size)
+    except Exception:
+        return None
+
+
 def candidate_pool_from_env(default: int) -> int:
-    """Head candidate-pool size: env DOMINO_CANDIDATE_POOL overrides the draft config."""
+    """Head candidate-pool size: env DOMINO_CANDIDATE_POOL, else SGLang's
+    --speculative-domino-candidate-pool-size when given a value other than its default (2048),
+    else the draft config's (`default`)."""
+    flag = sglang_candidate_pool()
+    if flag is not None and flag != POOL_FLAG_DEFAULT:
+        if flag < 0:
+            raise DominoArgsError(f"{POOL_FLAG} must be an integer >= 0, got {flag}")
+        default = flag
     return _env_number("DOMINO_CANDIDATE_POOL", default, int, lambda v: v >= 0,
                        "an integer >= 0")
 

@@ -290,24 +290,28 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_drafter(drafter: Path, target_cfg: dict | None, extra: list[str]) -> None:
+def _check_drafter(drafter: Path, target_cfg: dict | None, extra: list[str],
+                   model_path: str | Path) -> None:
     """Everything the DOMINO worker checks at start-up (config, match with the target, weight
-    names / shapes / finiteness, safetensors only), before SGLang spends minutes loading the
-    target: a malformed drafter fails here with one line."""
+    names / shapes / finiteness, safetensors only, the draft vocabulary), before SGLang spends
+    minutes loading the target: a malformed drafter fails here with one line."""
     from domino_sglang.config import (
         DrafterConfigError,
         check_against_target,
         load_draft_config,
         load_draft_weights,
     )
+    from domino_sglang.vocab import load_draft_vocab
 
     block = flag_value(extra, "--speculative-num-draft-tokens")
     try:
-        conf = load_draft_config(drafter, int(block) if block and block.isdigit() else None)
+        conf = load_draft_config(drafter, int(block) if block and block.isdigit() else None,
+                                 tokenizer_path=flag_value(extra, "--tokenizer-path") or model_path)
         if target_cfg is not None:
             t = target_cfg.get("text_config") or target_cfg  # multimodal configs nest it
             check_against_target(conf, t["hidden_size"], t["vocab_size"], t["num_hidden_layers"])
         load_draft_weights(conf)
+        load_draft_vocab(conf.path, conf.vocab_size, honour_env=False)
     except DrafterConfigError as exc:
         _fail(f"serve: {exc}")
 
@@ -329,7 +333,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     except HubError as exc:
         _fail(f"serve: {exc}")
     if args.drafter is not None and not args.no_speculation:
-        _check_drafter(Path(args.drafter), target_cfg, extra)
+        _check_drafter(Path(args.drafter), target_cfg, extra, args.model_path)
     if _port_in_use(args.host, args.port):
         _fail(f"serve: port {args.port} on {args.host} is already in use; choose another --port")
     cmd, env = build_serve_command(args, extra)

@@ -14,7 +14,8 @@
 Attention is injected: `attend(layer_idx, q, k, v) -> out`. In SGLang it is a `RadixAttention`
 (ENCODER_ONLY) over the draft KV pool, so any SGLang backend runs it (FlashInfer on GPU,
 `domino_cpu` on CPU); training passes a plain SDPA over explicit context K/V.
-Weight names follow the upstream checkpoint exactly (see config.py).
+Weight names follow the upstream checkpoint; the variants SGLang's own loader accepts (`model.`
+prefix, aliases, fused projections) are mapped onto them (config.py `canonical_weights`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from domino_sglang.config import COPY_MAX_MATCH, DraftConfig, load_draft_weights
+from domino_sglang.config import (
+    COPY_MAX_MATCH,
+    DraftConfig,
+    canonical_weights,
+    load_draft_weights,
+)
 from domino_sglang.rollout import HeadParams
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -262,7 +268,9 @@ def sglang_draft_model_class() -> type:
         def load_weights(self, weights) -> None:
             own = self.drafter.state_dict()
             seen = set()
-            for name, tensor in weights:
+            # upstream's name rules (config.py `canonical_weights`): `model.` prefix, aliases,
+            # fused qkv/gate_up split back
+            for name, tensor in canonical_weights(self.conf, weights).items():
                 if name in own:  # extra upstream keys (if any) are not ours to use
                     own[name].copy_(tensor.to(own[name].dtype))
                     seen.add(name)

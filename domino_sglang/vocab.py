@@ -27,6 +27,7 @@ from domino_sglang.config import DrafterConfigError
 FILE = "draft_vocab.json"
 ENV = "DOMINO_DRAFT_VOCAB"
 ALWAYS = (1, 2)  # <|im_start|>, <|im_end|> (eos) of the SmolLM2 chat template
+MAX_BYTES = 64 << 20  # the ids of a 151k vocabulary take ~1 MB
 
 
 def load_draft_vocab(folder: str | Path, vocab_size: int, honour_env: bool = True
@@ -35,11 +36,17 @@ def load_draft_vocab(folder: str | Path, vocab_size: int, honour_env: bool = Tru
     None (no file, or DOMINO_DRAFT_VOCAB=0 unless honour_env is False). A bad file raises,
     naming the field."""
     path = Path(folder) / FILE
-    if (honour_env and os.environ.get(ENV, "1") == "0") or not path.is_file():
+    if (honour_env and os.environ.get(ENV, "1") == "0") or not (path.exists()
+                                                                 or path.is_symlink()):
         return None
+    if not path.is_file():  # a dangling link, a folder, a device (/dev/zero never ends)
+        raise DrafterConfigError(f"{path}: not a regular file")
+    if path.stat().st_size > MAX_BYTES:
+        raise DrafterConfigError(f"{path}: {path.stat().st_size} bytes, too large for a draft "
+                                 f"vocabulary (at most {MAX_BYTES})")
     try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DrafterConfigError(f"{path}: invalid JSON ({exc})") from exc
     ids = doc.get("ids") if isinstance(doc, dict) else None
     if (not isinstance(ids, list) or not ids

@@ -135,7 +135,6 @@ def _pickle_instead(w):
     ("vocab", {"vocab_size": 32000}, None,
      "field 'vocab_size' is 32000 but the target's is 49152"),
     ("pickle", None, _pickle_instead, "pickle weights are refused"),
-    ("remote", {"auto_map": {"AutoModel": "evil.Model"}}, None, "asks for remote code; refused"),
 ])
 def test_serve_refuses_a_malformed_drafter_in_one_line(drafter, target_path, tmp_path, name,
                                                        config, weights, message):
@@ -154,3 +153,11 @@ def test_serve_accepts_a_good_drafter(drafter, target_path):
     proc = _serve_dry_run(drafter, target_path)
     assert proc.returncode == 0, proc.stderr
     assert "--speculative-algorithm DOMINO" in proc.stdout
+
+
+def test_serve_accepts_remote_code_metadata(drafter, target_path, tmp_path):
+    """`auto_map` (every released Domino / DFlash drafter has one) is metadata: nothing is ever
+    imported from a checkpoint, so it is accepted, as SGLang's own loader accepts it (issue 63)."""
+    meta = _copy(drafter, tmp_path / "remote", {"auto_map": {"AutoModel": "evil.Model"}})
+    proc = _serve_dry_run(meta, target_path)
+    assert proc.returncode == 0, proc.stderr
