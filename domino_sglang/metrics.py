@@ -22,9 +22,10 @@ Terms (per request and round; draft length L = tokens in the verified chain [x_t
                       (pointer.py); reached positions, by outcome; not counted as head changes
 
 Cost per round: one device-to-host copy of a [L + 1] vector (done once, after the round's
-kernels are queued; the scheduler synchronises on accept_lens right after anyway) and ~L
-metric updates. With metrics off (no `--enable-metrics`, or a non-logging TP rank) every call
-returns at once.
+kernels are queued; the scheduler synchronises on accept_lens right after anyway; none in a plain
+round) and ~L metric updates. Round times on CUDA are read from events only once they have
+completed (RoundClock.ready), so usually a round later. With metrics off (no
+`--enable-metrics`, or a non-logging TP rank) every call returns at once.
 
 Depends on prometheus_client, torch and (in `for_scheduler` only) SGLang's runtime context.
 """
@@ -47,6 +48,7 @@ DRAFT_LEN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 # masks, logprobs) is verified speculatively.
 FALLBACK_REASONS = ("adaptive_policy", "one_token_requests")
 ROUND_KINDS = ("plain", "draft", "mixed", "copy")
+MAX_PENDING_CLOCKS = 64  # round clocks kept until their CUDA events complete (RoundClock)
 
 
 def draft_outcomes(mask: torch.Tensor, drafts: torch.Tensor, target_choice: torch.Tensor,
@@ -80,8 +82,11 @@ def head_change_outcomes(drafts: torch.Tensor, base_pick: torch.Tensor,
 
 
 class RoundClock:
-    """Wall time between marks. On CUDA it records events and reads them only in `spans()`,
-    which `record_round` calls after its single host synchronisation."""
+    """Wall time between marks. On CUDA it records events, which are read only once the last
+    one has completed (`ready()`, a non-blocking `Event.query()`): `elapsed_time` on an event the
+    device has not reached raises ("Both events must be completed"), and a plain round (L = 1)
+    has no host synchronisation of its own before `record_round`. DominoMetrics keeps a clock
+    that is not ready and observes it at a later round (`_observe_ready`)."""
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
@@ -96,9 +101,16 @@ class RoundClock:
         else:
             self.points.append(time.perf_counter())
 
-    def spans(self) -> list[float]:
-        """Seconds between consecutive marks."""
+    def ready(self) -> bool:
+        """Whether every mark's work has completed (always on the CPU); never blocks."""
+        return not self.cuda or bool(self.points[-1].query())
+
+    def spans(self) -> list[float] | None:
+        """Seconds between consecutive marks, or None while the device has not reached the last
+        mark (no synchronisation, nothing raised)."""
         if self.cuda:
+            if not self.ready():
+                return None
             return [a.elapsed_time(b) / 1e3 for a, b in zip(self.points, self.points[1:])]
         return [b - a for a, b in zip(self.points, self.points[1:])]
 
@@ -119,6 +131,8 @@ class DominoMetrics:
                  enabled: bool = True, registry=None, cuda: bool = False):
         self.enabled = enabled
         self.cuda = cuda
+        # rounds' clocks whose events the device has not reached yet (RoundClock.ready)
+        self._pending_clocks: list[RoundClock] = []
         if not enabled:
             return
         from prometheus_client import Counter, Histogram
@@ -265,10 +279,24 @@ class DominoMetrics:
         if copy_wrong:
             self._copy_wrong.inc(copy_wrong)
         self._draft_len.observe(draft_len)
-        spans = clock.spans() if isinstance(clock, RoundClock) else []
-        if len(spans) >= 2:
-            self._draft_time.observe(spans[0])
-            self._verify_time.observe(spans[1])
+        if isinstance(clock, RoundClock):
+            self._pending_clocks.append(clock)
+        self._observe_ready()
+
+    def _observe_ready(self) -> None:
+        """Observe the draft / verify times of every pending round clock that is ready (on the
+        CPU: this round's, at once; on CUDA: usually the previous rounds', the scheduler having
+        synchronised on their accept_lens since). At most MAX_PENDING_CLOCKS wait; older ones
+        are dropped unobserved rather than synchronised on."""
+        waiting = []
+        for clock in self._pending_clocks:
+            spans = clock.spans()
+            if spans is None:
+                waiting.append(clock)
+            elif len(spans) >= 2:
+                self._draft_time.observe(spans[0])
+                self._verify_time.observe(spans[1])
+        self._pending_clocks = waiting[-MAX_PENDING_CLOCKS:]
 
     def record_lookup(self, rows: torch.Tensor, accept_lens: torch.Tensor) -> None:
         """The rows [bs] bool of a round drafted by prompt lookup, and every row's a + 1."""

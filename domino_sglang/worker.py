@@ -498,7 +498,8 @@ class DominoWorker(BaseSpecWorker):
             if logger.isEnabledFor(logging.DEBUG):  # `-- --log-level debug`
                 calibration = self.policy.calibration
                 # draft: lookup + draft pass + head; verify: target forward + acceptance
-                spans = clock.spans() if isinstance(clock, RoundClock) else [0.0, 0.0]
+                # (CUDA events the device has not reached yet read as 0: never synchronised on)
+                spans = (clock.spans() if isinstance(clock, RoundClock) else None) or [0.0, 0.0]
                 logger.debug("DOMINO round %s bs %d L %d context %d %.2f ms (draft %.2f verify "
                              "%.2f) k %.2f alpha %.2f", kind, bs, block, context,
                              1e3 * (now - started), 1e3 * spans[0], 1e3 * spans[1],
