@@ -195,3 +195,56 @@ class PointerCopy:
     def copied(self) -> torch.Tensor:
         """[bs, n] bool: the greedy positions of this round drafted by the copy."""
         return torch.stack(self.won, dim=1)
+
+
+def device_candidates(seq: torch.Tensor, last: torch.Tensor, max_match: int = COPY_MAX_MATCH
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """copy_table's (c, n) of each row's prefix seq[b, :last[b] + 1], on the device, with no
+    host synchronisation and static shapes (CUDA-graph safe): seq [bs, T] int64 (left-aligned
+    histories, anything after last[b]), last [bs] int64 (>= 0). Returns (c [bs], n [bs]).
+
+        match[b, e] = the longest common suffix (<= max_match) of seq[b, :e+1] and
+                      seq[b, :last+1], for e < last; n = max_e match, c = seq[b, e* + 1] at the
+                      largest e* with match = n (the most recent occurrence); (NO_COPY, 0) if n = 0
+    max_match compares over [bs, T]: the same answer as CopyIndex.candidate (tests)."""
+    bs, t_cap = seq.shape
+    ends = torch.arange(t_cap, device=seq.device)  # e
+    run = ends[None, :] < last[:, None]  # [bs, T] e <= last - 1
+    match = torch.zeros(bs, t_cap, dtype=torch.int64, device=seq.device)
+    for j in range(max_match):
+        # seq[b, e - j] == seq[b, last - j], both indices >= 0
+        back = ends - j  # [T]
+        left = seq[:, back.clamp(min=0)]  # [bs, T]
+        right = seq.gather(1, (last - j).clamp(min=0)[:, None])  # [bs, 1]
+        run = run & (back >= 0)[None, :] & (last - j >= 0)[:, None] & (left == right)
+        match += run
+    best = match.amax(dim=1)  # [bs]
+    at = torch.where((match == best[:, None]) & (best[:, None] > 0), ends, -1).amax(dim=1)
+    nxt = seq.gather(1, (at + 1).clamp(min=0, max=t_cap - 1)[:, None]).squeeze(1)
+    found = best > 0
+    return torch.where(found, nxt, NO_COPY), best
+
+
+class DevicePointerCopy(PointerCopy):
+    """PointerCopy with the copy index on the device: each request's history (x_t last) in a
+    left-aligned [bs, T + n] buffer whose chain part is written in place as drafts are chosen,
+    candidates by `device_candidates`. No host synchronisation and no per-request Python state
+    per position; the same (c, n) as CopyIndex (tests/test_pointer.py)."""
+
+    def __init__(self, gate: torch.nn.Linear, history: torch.Tensor, lens: torch.Tensor,
+                 n: int):
+        """history [bs, T] int64 (row b's first lens[b] entries are its history, x_t last),
+        lens [bs] int64 >= 1, n the positions this round drafts."""
+        super().__init__(gate, [], history.device)
+        bs, t = history.shape
+        self.seq = torch.cat((history, history.new_full((bs, n), NO_COPY)), dim=1)  # [bs, T+n]
+        self.last = lens.to(torch.int64) - 1  # [bs] the sequence's last position (x_t)
+
+    def candidates(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return device_candidates(self.seq, self.last)
+
+    def append(self, tokens: torch.Tensor, won: torch.Tensor | None = None) -> None:
+        self.last = self.last + 1
+        self.seq.scatter_(1, self.last[:, None], tokens[:, None].to(self.seq.dtype))
+        if won is not None:
+            self.won.append(won)
