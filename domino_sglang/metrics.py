@@ -52,33 +52,38 @@ MAX_PENDING_CLOCKS = 64  # round clocks kept until their CUDA events complete (R
 
 
 def draft_outcomes(mask: torch.Tensor, drafts: torch.Tensor, target_choice: torch.Tensor,
-                   accept_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                   accept_lens: torch.Tensor, rows: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reached draft positions in mask [bs, L-1], split by outcome: 0-d tensors (right, wrong).
 
     drafts [bs, L-1] (d_1..d_{L-1}), target_choice [bs, L] (y_0..y_{L-1}), accept_lens [bs]
-    (a + 1); on the device, without host synchronisation.
+    (a + 1), rows [bs] bool: only these requests (None: all); on the device, without host
+    synchronisation (a row mask, not boolean indexing).
     """
     n = drafts.shape[1]
     reached = torch.arange(n, device=drafts.device)[None, :] < accept_lens[:, None]  # p <= a + 1
     counted = mask & reached
+    if rows is not None:
+        counted = counted & rows[:, None]
     kept = drafts == target_choice[:, :n]
     return (counted & kept).sum(), (counted & ~kept).sum()
 
 
 def head_change_outcomes(drafts: torch.Tensor, base_pick: torch.Tensor,
                          target_choice: torch.Tensor, accept_lens: torch.Tensor,
-                         copied: torch.Tensor | None = None
+                         copied: torch.Tensor | None = None, rows: torch.Tensor | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reached draft positions where the head overrode the backbone, split by outcome.
 
     base_pick [bs, L-1] (backbone argmax at each position); copied [bs, L-1] bool: positions a
-    pointer drafter's copy drafted, which are not the head's (counted by copy_outcomes).
+    pointer drafter's copy drafted, which are not the head's (counted by copy_outcomes); rows
+    [bs] bool: the requests counted (None: all).
     Returns 0-d tensors (right, wrong) as draft_outcomes.
     """
     changed = drafts != base_pick
     if copied is not None:
         changed = changed & ~copied
-    return draft_outcomes(changed, drafts, target_choice, accept_lens)
+    return draft_outcomes(changed, drafts, target_choice, accept_lens, rows)
 
 
 class RoundClock:
@@ -240,28 +245,49 @@ class DominoMetrics:
         """Start timing a round; call `.mark()` after the draft and after the verification."""
         return RoundClock(self.cuda) if self.enabled else _NullClock()
 
+    @staticmethod
+    def round_stats(accept_lens: torch.Tensor, draft_len: int,
+                    head_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    copy_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    lookup_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """What record_round reads back, as one int64 device vector (no host sync): the
+        per-position accepted counts [L-1], (right, wrong, copy right, copy wrong), and with
+        lookup_rows [bs] bool (rows drafted by prompt lookup) (rows, their accepted drafts).
+        The worker reads it back together with the policy's accept lengths (one sync a round)."""
+        n = draft_len - 1
+        positions = torch.arange(1, n + 1, device=accept_lens.device)
+        # accepted_at[p] = #requests with a >= p; their sum is the total accepted drafts
+        at = ((accept_lens[:, None] - 1) >= positions[None, :]).sum(dim=0)  # [L-1]
+        parts = [at, *(torch.stack(o) if o is not None else at.new_zeros(2)
+                       for o in (head_outcomes, copy_outcomes))]
+        if lookup_rows is not None:
+            parts.append(torch.stack((lookup_rows.sum(),
+                                      ((accept_lens - 1) * lookup_rows).sum())))
+        return torch.cat([p.to(torch.int64) for p in parts])
+
     def record_round(self, accept_lens: torch.Tensor, draft_len: int,
                      clock: RoundClock | _NullClock,
                      head_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None,
-                     copy_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                     copy_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     lookup_rows: torch.Tensor | None = None,
+                     stats: list[int] | None = None) -> None:
         """Count one batched round: accept_lens [bs] (a + 1 per request, device tensor),
         draft_len L (the chain length verified for every request this round), the round's clock
-        (marked after draft and after verify), and `head_change_outcomes(...)` /
-        `draft_outcomes(copied, ...)` if computed."""
+        (marked after draft and after verify), `head_change_outcomes(...)` /
+        `draft_outcomes(copied, ...)` if computed, and the rows drafted by prompt lookup.
+        stats: `round_stats(...)` already read back by the caller (else read here: one sync,
+        none in a plain round)."""
         if not self.enabled:
             return
         bs, n = int(accept_lens.shape[0]), draft_len - 1
-        outcomes = [o for o in (head_outcomes, copy_outcomes) if o is not None]
-        if n > 0 or outcomes:
-            positions = torch.arange(1, n + 1, device=accept_lens.device)
-            # accepted_at[p] = #requests with a >= p; their sum is the total accepted drafts
-            at = ((accept_lens[:, None] - 1) >= positions[None, :]).sum(dim=0)  # [L-1]
-            pairs = [torch.stack(o) if o is not None else at.new_zeros(2)
-                     for o in (head_outcomes, copy_outcomes)]
-            stats = torch.cat((at, *(p.to(at.dtype) for p in pairs))).tolist()  # one sync
-            at_counts, (right, wrong, copy_right, copy_wrong) = stats[:n], stats[n:]
-        else:  # a plain round (L = 1): nothing drafted, nothing to read back
-            at_counts, right, wrong, copy_right, copy_wrong = [], 0, 0, 0, 0
+        if stats is None:
+            if n > 0 or head_outcomes is not None or copy_outcomes is not None or (
+                    lookup_rows is not None):
+                stats = self.round_stats(accept_lens, draft_len, head_outcomes, copy_outcomes,
+                                         lookup_rows).tolist()  # one sync
+            else:  # a plain round (L = 1): nothing drafted, nothing to read back
+                stats = [0, 0, 0, 0]
+        at_counts, (right, wrong, copy_right, copy_wrong) = stats[:n], stats[n:n + 4]
 
         self._rounds.inc(bs)
         if n > 0:
@@ -278,6 +304,10 @@ class DominoMetrics:
             self._copy_right.inc(copy_right)
         if copy_wrong:
             self._copy_wrong.inc(copy_wrong)
+        if lookup_rows is not None:
+            looked, looked_accepted = stats[n + 4:n + 6]
+            self._lookup_rounds.inc(looked)
+            self._lookup_accepted.inc(looked_accepted)
         self._draft_len.observe(draft_len)
         if isinstance(clock, RoundClock):
             self._pending_clocks.append(clock)
@@ -299,10 +329,11 @@ class DominoMetrics:
         self._pending_clocks = waiting[-MAX_PENDING_CLOCKS:]
 
     def record_lookup(self, rows: torch.Tensor, accept_lens: torch.Tensor) -> None:
-        """The rows [bs] bool of a round drafted by prompt lookup, and every row's a + 1."""
+        """The rows [bs] bool of a round drafted by prompt lookup, and every row's a + 1 (one
+        sync; the worker passes lookup_rows to record_round instead)."""
         if not self.enabled:
             return
-        n, accepted = torch.stack((rows.sum(), (accept_lens - 1)[rows].sum())).tolist()
+        n, accepted = torch.stack((rows.sum(), ((accept_lens - 1) * rows).sum())).tolist()
         self._lookup_rounds.inc(n)
         self._lookup_accepted.inc(accepted)
 

@@ -248,3 +248,74 @@ class DevicePointerCopy(PointerCopy):
         self.seq.scatter_(1, self.last[:, None], tokens[:, None].to(self.seq.dtype))
         if won is not None:
             self.won.append(won)
+
+
+def copy_index_on_device(device: torch.device | str) -> bool:
+    """Whether the worker keeps copy indexes on the device (DeviceHistories + DevicePointerCopy:
+    no host synchronisation per draft position) or on the host (CopyIndex: dict lookups, the
+    cheaper choice where host and device are one). Env DOMINO_COPY_INDEX=device / host; by
+    default device on CUDA, host on the CPU."""
+    value = os.environ.get("DOMINO_COPY_INDEX")
+    if value is None:
+        return torch.device(device).type != "cpu"
+    if value not in ("device", "host"):
+        raise ValueError(f"DOMINO_COPY_INDEX must be 'device' or 'host', got {value!r}")
+    return value == "device"
+
+
+class DeviceHistories:
+    """Each running request's prompt + output (x_t last) in one device buffer [R, T] int64, a
+    row per request, extended round by round by the tokens committed since (one host-to-device
+    copy per round for the whole batch; a request's full history only when it first appears or
+    restarts). The host keeps only each row's request id and length: no per-request Python list
+    is rebuilt per round (only the new tokens are sliced from the request's own lists)."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self.buf = torch.zeros(0, 0, dtype=torch.int64, device=self.device)  # [R, T]
+        self.slot: dict[str, int] = {}  # request id -> row
+        self.length: dict[str, int] = {}  # request id -> tokens stored
+
+    def _grow(self, rows: int, cols: int) -> None:
+        r, t = self.buf.shape
+        if rows <= r and cols <= t:
+            return
+        new = torch.zeros(max(rows, 2 * r), max(cols, 2 * t, 64), dtype=torch.int64,
+                          device=self.device)
+        new[:r, :t] = self.buf
+        self.buf = new
+
+    def update(self, reqs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bring every request of `reqs` (SGLang Reqs: rid, origin_input_ids, output_ids) up to
+        date and drop the others. Returns (history [bs, T], lens [bs]) on the device, row b the
+        b-th request's tokens left-aligned (anything after lens[b])."""
+        keep = {r.rid for r in reqs}
+        for rid in [k for k in self.slot if k not in keep]:
+            del self.slot[rid], self.length[rid]
+        used = set(self.slot.values())
+        free = (i for i in range(len(reqs) + len(used)) if i not in used)
+        rows, cols, toks, order, lens = [], [], [], [], []
+        for req in reqs:
+            prompt, out = req.origin_input_ids, req.output_ids
+            n = len(prompt) + len(out)
+            done = self.length.get(req.rid, 0)
+            if req.rid not in self.slot:
+                self.slot[req.rid] = next(free)
+            if done > n:  # restarted: shorter than what was stored
+                done = 0
+            new = (prompt[done:] + out) if done < len(prompt) else out[done - len(prompt):]
+            row = self.slot[req.rid]
+            rows += [row] * len(new)
+            cols += range(done, n)
+            toks += new
+            self.length[req.rid] = n
+            order.append(row)
+            lens.append(n)
+        self._grow(max(self.slot.values()) + 1, max(lens))
+        bs, m = len(reqs), len(toks)
+        # the round's one host-to-device copy: new tokens (row, col, token), rows, lengths
+        packed = torch.tensor(rows + cols + toks + order + lens, dtype=torch.int64,
+                              device=self.device)
+        self.buf[packed[:m], packed[m:2 * m]] = packed[2 * m:3 * m]
+        index = packed[3 * m:3 * m + bs]
+        return self.buf[index, :max(lens)], packed[3 * m + bs:]

@@ -375,3 +375,32 @@ def test_device_pointer_copy_drafts_as_the_host_index(pool, use_head):
         d2, q2 = sampled_rollout(z, bonus, head, rows, u.draft, pool, use_head,
                                  copy=_device_pointer(gate, histories, B - 1))
     assert torch.equal(d1, d2) and torch.equal(q1, q2)
+
+
+def test_device_histories_follow_requests_round_by_round():
+    """pointer.DeviceHistories: rows extended by the new tokens only, requests joining,
+    leaving, restarting; every round's rows equal prompt + output (one copy per round)."""
+    from types import SimpleNamespace
+
+    from domino_sglang.pointer import DeviceHistories
+
+    rng = random.Random(7)
+    reqs = {rid: SimpleNamespace(rid=rid, origin_input_ids=[rng.randrange(50) for _ in range(n)],
+                                 output_ids=[]) for rid, n in (("a", 5), ("b", 70), ("c", 1))}
+    hist = DeviceHistories("cpu")
+    batch = [reqs["a"], reqs["b"]]
+    for rnd in range(12):
+        for r in batch:
+            r.output_ids += [rng.randrange(50) for _ in range(rng.randrange(1, 5))]
+        if rnd == 4:
+            batch = [reqs["b"], reqs["c"], reqs["a"]]  # c joins, order changes
+        if rnd == 7:
+            batch = [reqs["c"], reqs["a"]]  # b leaves
+        if rnd == 9:
+            reqs["a"].output_ids = reqs["a"].output_ids[:2]  # a restarts, shorter
+        history, lens = hist.update(batch)
+        for b, r in enumerate(batch):
+            want = r.origin_input_ids + r.output_ids
+            assert int(lens[b]) == len(want)
+            assert history[b, :len(want)].tolist() == want, (rnd, r.rid)
+    assert set(hist.slot) == {"c", "a"}
