@@ -121,14 +121,27 @@ class SyncCounter:
                         result_host = False
                         if func in _CREATE and (not from_tensor or on_host(first)):
                             kind = "h2d"
+                if result_host is None and func not in _SCALAR and func not in _LIST:
+                    # any other function of host tensors only makes host tensors (composite
+                    # ops such as pad_sequence allocate inside, out of the dispatch's sight)
+                    tensors = [t for t in _flat(list(args)) + _flat(list(kwargs.values()))
+                               if isinstance(t, torch.Tensor)]
+                    sized = [t for t in tensors if t.dim() > 0] or tensors
+                    if sized and all(on_host(t) for t in sized):
+                        result_host = True
                 if kind is not None:
                     counter._count(kind)
                 out = func(*args, **kwargs)
-                if result_host is not None and isinstance(out, torch.Tensor):
-                    if result_host:
-                        counter._add(out)
-                    else:
-                        counter._host.pop(id(out), None)
+                if result_host is not None:
+                    for t in _flat([out]):
+                        if not isinstance(t, torch.Tensor):
+                            continue
+                        # on a CPU, .cpu() / .to(device) return the tensor itself: it keeps
+                        # counting as a device tensor (conservative: its reads count)
+                        if result_host and t is not first:
+                            counter._add(t)
+                        elif not result_host:
+                            counter._host.pop(id(t), None)
                 return out
 
         class _Dispatch(TorchDispatchMode):
@@ -136,7 +149,10 @@ class SyncCounter:
                 kwargs = kwargs or {}
                 tensors = [t for t in _flat(args) + _flat(list(kwargs.values()))
                            if isinstance(t, torch.Tensor)]
-                host = bool(tensors) and all(on_host(t) for t in tensors)
+                # 0-d tensors do not decide: a Python scalar argument (torch.where(m, x, 0))
+                # arrives as a fresh 0-d tensor of unknown provenance
+                sized = [t for t in tensors if t.dim() > 0] or tensors
+                host = bool(sized) and all(on_host(t) for t in sized)
                 name = func.overloadpacket.__name__
                 if not host:
                     if name in _DATA_SHAPED:
