@@ -23,11 +23,12 @@ from domino_sglang.local_server import start_server
 BUDGET = {"plain": 1, "greedy": 2, "sampled": 2, "copies": 3}
 
 
-def _generate(url: str, ids: list[int], temperature: float) -> None:
+def _generate(url: str, ids: list[int], temperature: float) -> list[int]:
     r = requests.post(f"{url}/generate", json={
         "input_ids": ids, "sampling_params": {"temperature": temperature,
                                               "max_new_tokens": 40}}, timeout=900)
     r.raise_for_status()
+    return r.json()["output_ids"]
 
 
 def _category(row: dict) -> str:
@@ -63,18 +64,22 @@ def test_the_counter_counts_what_would_synchronise_on_a_gpu():
 
 
 @pytest.mark.server
-def test_decode_rounds_keep_the_host_sync_budget(tmp_path, target_path, chat_ids):
+def test_decode_rounds_keep_the_host_sync_budget(tmp_path, ar_server_fp32, chat_ids):
+    """... and the device copy index drafts losslessly: greedy outputs equal plain decoding."""
     log = tmp_path / "syncs.jsonl"
     env = {"DOMINO_SYNC_LOG": str(log), "DOMINO_COPY_INDEX": "device", "DOMINO_ADAPTIVE": "0",
            "DOMINO_DRAFT_LEN": "16,5,1,3"}  # several L, plain rounds included
     with start_server("sync-budget", ["--dtype", "float32", "--max-total-tokens", "16384"],
                       env=env) as server:
-        _generate(server.url, chat_ids[0], 0.0)
+        greedy = [_generate(server.url, chat_ids[0], 0.0)]
         _generate(server.url, chat_ids[1], 0.8)
         with ThreadPoolExecutor(4) as pool:  # batched rounds, greedy and sampled rows
-            list(pool.map(lambda a: _generate(server.url, *a),
-                          [(chat_ids[1], 0.0), (chat_ids[2], 0.0), (chat_ids[3], 0.0),
-                           (chat_ids[4], 0.7)]))
+            greedy += list(pool.map(lambda a: _generate(server.url, *a),
+                                    [(chat_ids[1], 0.0), (chat_ids[2], 0.0), (chat_ids[3], 0.0),
+                                     (chat_ids[4], 0.7)]))[:3]
+    with ThreadPoolExecutor(4) as pool:
+        plain = list(pool.map(lambda ids: _generate(ar_server_fp32.url, ids, 0.0), chat_ids[:4]))
+    assert greedy == plain
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     table = collections.defaultdict(list)
     for row in rows:
