@@ -324,8 +324,11 @@ class DominoWorker(BaseSpecWorker):
         pinned = any(s is not None and not g for s, g in zip(seeds, greedy_host))
         committed = 0
         if self.policy.cycles:  # a test pattern: needs the first request's length on the host
-            req = batch.reqs[0]
-            committed = len(req.origin_input_ids) + len(req.output_ids) - 1  # seq_lens[0]
+            if batch.seq_lens_cpu is not None:  # SGLang's host copy: no synchronisation
+                committed = int(batch.seq_lens_cpu[0])
+            else:  # committed = prompt + output without x_t (not yet in the KV cache)
+                req = batch.reqs[0]
+                committed = len(req.origin_input_ids) + len(req.output_ids) - 1
         if pinned:
             block = self.block_size
         elif self.policy.enabled and all_capped:
