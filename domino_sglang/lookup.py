@@ -59,14 +59,18 @@ def lookup_batch(histories: list[torch.Tensor], max_tokens: int, min_match: int 
     n_max = min(max_match, T - 1)
     if n_max < min_match or max_tokens < 1:
         return empty
-    device = histories[0].device
+    # the histories' device; None (the default) for host histories, as the worker's are, so
+    # no tensor here is ever taken for a device one (syncs.py counts by provenance)
+    device = None if histories[0].device.type == "cpu" else histories[0].device
     h = torch.nn.utils.rnn.pad_sequence(list(histories), batch_first=True, padding_value=-1,
                                         padding_side="left")  # [n, T], right-aligned
     # padded[:, n_max + s] = h[:, s]; -2 before the start equals neither a token nor -1
     padded = torch.cat((h.new_full((n, n_max), -2), h[:, :-1]), dim=1)  # [n, n_max + T - 1]
     ends = torch.arange(T - 1, device=device)  # s = 0 .. T-2, occurrences ending there
     # a suffix of j + 1 tokens needs j + 1 <= min(max_match, T_row - 1)
-    row_max = lens.clamp(max=max_match + 1).to(device) - 1  # [n]
+    row_max = lens.clamp(max=max_match + 1) - 1  # [n]
+    if device is not None:
+        row_max = row_max.to(device)
     # match[:, s] = sum over j of prod_{i <= j} (h[:, s - i] == h[:, T - 1 - i]): the longest
     # common suffix ending at s, one running product over j = 0 .. n_max-1
     run = torch.ones(n, T - 1, dtype=torch.bool, device=device)

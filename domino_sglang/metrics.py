@@ -22,9 +22,10 @@ Terms (per request and round; draft length L = tokens in the verified chain [x_t
                       (pointer.py); reached positions, by outcome; not counted as head changes
 
 Cost per round: one device-to-host copy of a [L + 1] vector (done once, after the round's
-kernels are queued; the scheduler synchronises on accept_lens right after anyway) and ~L
-metric updates. With metrics off (no `--enable-metrics`, or a non-logging TP rank) every call
-returns at once.
+kernels are queued; the scheduler synchronises on accept_lens right after anyway; none in a plain
+round) and ~L metric updates. Round times on CUDA are read from events only once they have
+completed (RoundClock.ready), so usually a round later. With metrics off (no
+`--enable-metrics`, or a non-logging TP rank) every call returns at once.
 
 Depends on prometheus_client, torch and (in `for_scheduler` only) SGLang's runtime context.
 """
@@ -47,41 +48,50 @@ DRAFT_LEN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 # masks, logprobs) is verified speculatively.
 FALLBACK_REASONS = ("adaptive_policy", "one_token_requests")
 ROUND_KINDS = ("plain", "draft", "mixed", "copy")
+MAX_PENDING_CLOCKS = 64  # round clocks kept until their CUDA events complete (RoundClock)
 
 
 def draft_outcomes(mask: torch.Tensor, drafts: torch.Tensor, target_choice: torch.Tensor,
-                   accept_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                   accept_lens: torch.Tensor, rows: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reached draft positions in mask [bs, L-1], split by outcome: 0-d tensors (right, wrong).
 
     drafts [bs, L-1] (d_1..d_{L-1}), target_choice [bs, L] (y_0..y_{L-1}), accept_lens [bs]
-    (a + 1); on the device, without host synchronisation.
+    (a + 1), rows [bs] bool: only these requests (None: all); on the device, without host
+    synchronisation (a row mask, not boolean indexing).
     """
     n = drafts.shape[1]
     reached = torch.arange(n, device=drafts.device)[None, :] < accept_lens[:, None]  # p <= a + 1
     counted = mask & reached
+    if rows is not None:
+        counted = counted & rows[:, None]
     kept = drafts == target_choice[:, :n]
     return (counted & kept).sum(), (counted & ~kept).sum()
 
 
 def head_change_outcomes(drafts: torch.Tensor, base_pick: torch.Tensor,
                          target_choice: torch.Tensor, accept_lens: torch.Tensor,
-                         copied: torch.Tensor | None = None
+                         copied: torch.Tensor | None = None, rows: torch.Tensor | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reached draft positions where the head overrode the backbone, split by outcome.
 
     base_pick [bs, L-1] (backbone argmax at each position); copied [bs, L-1] bool: positions a
-    pointer drafter's copy drafted, which are not the head's (counted by copy_outcomes).
+    pointer drafter's copy drafted, which are not the head's (counted by copy_outcomes); rows
+    [bs] bool: the requests counted (None: all).
     Returns 0-d tensors (right, wrong) as draft_outcomes.
     """
     changed = drafts != base_pick
     if copied is not None:
         changed = changed & ~copied
-    return draft_outcomes(changed, drafts, target_choice, accept_lens)
+    return draft_outcomes(changed, drafts, target_choice, accept_lens, rows)
 
 
 class RoundClock:
-    """Wall time between marks. On CUDA it records events and reads them only in `spans()`,
-    which `record_round` calls after its single host synchronisation."""
+    """Wall time between marks. On CUDA it records events, which are read only once the last
+    one has completed (`ready()`, a non-blocking `Event.query()`): `elapsed_time` on an event the
+    device has not reached raises ("Both events must be completed"), and a plain round (L = 1)
+    has no host synchronisation of its own before `record_round`. DominoMetrics keeps a clock
+    that is not ready and observes it at a later round (`_observe_ready`)."""
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
@@ -96,9 +106,16 @@ class RoundClock:
         else:
             self.points.append(time.perf_counter())
 
-    def spans(self) -> list[float]:
-        """Seconds between consecutive marks."""
+    def ready(self) -> bool:
+        """Whether every mark's work has completed (always on the CPU); never blocks."""
+        return not self.cuda or bool(self.points[-1].query())
+
+    def spans(self) -> list[float] | None:
+        """Seconds between consecutive marks, or None while the device has not reached the last
+        mark (no synchronisation, nothing raised)."""
         if self.cuda:
+            if not self.ready():
+                return None
             return [a.elapsed_time(b) / 1e3 for a, b in zip(self.points, self.points[1:])]
         return [b - a for a, b in zip(self.points, self.points[1:])]
 
@@ -119,6 +136,8 @@ class DominoMetrics:
                  enabled: bool = True, registry=None, cuda: bool = False):
         self.enabled = enabled
         self.cuda = cuda
+        # rounds' clocks whose events the device has not reached yet (RoundClock.ready)
+        self._pending_clocks: list[RoundClock] = []
         if not enabled:
             return
         from prometheus_client import Counter, Histogram
@@ -226,28 +245,49 @@ class DominoMetrics:
         """Start timing a round; call `.mark()` after the draft and after the verification."""
         return RoundClock(self.cuda) if self.enabled else _NullClock()
 
+    @staticmethod
+    def round_stats(accept_lens: torch.Tensor, draft_len: int,
+                    head_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    copy_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    lookup_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """What record_round reads back, as one int64 device vector (no host sync): the
+        per-position accepted counts [L-1], (right, wrong, copy right, copy wrong), and with
+        lookup_rows [bs] bool (rows drafted by prompt lookup) (rows, their accepted drafts).
+        The worker reads it back together with the policy's accept lengths (one sync a round)."""
+        n = draft_len - 1
+        positions = torch.arange(1, n + 1, device=accept_lens.device)
+        # accepted_at[p] = #requests with a >= p; their sum is the total accepted drafts
+        at = ((accept_lens[:, None] - 1) >= positions[None, :]).sum(dim=0)  # [L-1]
+        parts = [at, *(torch.stack(o) if o is not None else at.new_zeros(2)
+                       for o in (head_outcomes, copy_outcomes))]
+        if lookup_rows is not None:
+            parts.append(torch.stack((lookup_rows.sum(),
+                                      ((accept_lens - 1) * lookup_rows).sum())))
+        return torch.cat([p.to(torch.int64) for p in parts])
+
     def record_round(self, accept_lens: torch.Tensor, draft_len: int,
                      clock: RoundClock | _NullClock,
                      head_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None,
-                     copy_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                     copy_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     lookup_rows: torch.Tensor | None = None,
+                     stats: list[int] | None = None) -> None:
         """Count one batched round: accept_lens [bs] (a + 1 per request, device tensor),
         draft_len L (the chain length verified for every request this round), the round's clock
-        (marked after draft and after verify), and `head_change_outcomes(...)` /
-        `draft_outcomes(copied, ...)` if computed."""
+        (marked after draft and after verify), `head_change_outcomes(...)` /
+        `draft_outcomes(copied, ...)` if computed, and the rows drafted by prompt lookup.
+        stats: `round_stats(...)` already read back by the caller (else read here: one sync,
+        none in a plain round)."""
         if not self.enabled:
             return
         bs, n = int(accept_lens.shape[0]), draft_len - 1
-        outcomes = [o for o in (head_outcomes, copy_outcomes) if o is not None]
-        if n > 0 or outcomes:
-            positions = torch.arange(1, n + 1, device=accept_lens.device)
-            # accepted_at[p] = #requests with a >= p; their sum is the total accepted drafts
-            at = ((accept_lens[:, None] - 1) >= positions[None, :]).sum(dim=0)  # [L-1]
-            pairs = [torch.stack(o) if o is not None else at.new_zeros(2)
-                     for o in (head_outcomes, copy_outcomes)]
-            stats = torch.cat((at, *(p.to(at.dtype) for p in pairs))).tolist()  # one sync
-            at_counts, (right, wrong, copy_right, copy_wrong) = stats[:n], stats[n:]
-        else:  # a plain round (L = 1): nothing drafted, nothing to read back
-            at_counts, right, wrong, copy_right, copy_wrong = [], 0, 0, 0, 0
+        if stats is None:
+            if n > 0 or head_outcomes is not None or copy_outcomes is not None or (
+                    lookup_rows is not None):
+                stats = self.round_stats(accept_lens, draft_len, head_outcomes, copy_outcomes,
+                                         lookup_rows).tolist()  # one sync
+            else:  # a plain round (L = 1): nothing drafted, nothing to read back
+                stats = [0, 0, 0, 0]
+        at_counts, (right, wrong, copy_right, copy_wrong) = stats[:n], stats[n:n + 4]
 
         self._rounds.inc(bs)
         if n > 0:
@@ -264,17 +304,36 @@ class DominoMetrics:
             self._copy_right.inc(copy_right)
         if copy_wrong:
             self._copy_wrong.inc(copy_wrong)
+        if lookup_rows is not None:
+            looked, looked_accepted = stats[n + 4:n + 6]
+            self._lookup_rounds.inc(looked)
+            self._lookup_accepted.inc(looked_accepted)
         self._draft_len.observe(draft_len)
-        spans = clock.spans() if isinstance(clock, RoundClock) else []
-        if len(spans) >= 2:
-            self._draft_time.observe(spans[0])
-            self._verify_time.observe(spans[1])
+        if isinstance(clock, RoundClock):
+            self._pending_clocks.append(clock)
+        self._observe_ready()
+
+    def _observe_ready(self) -> None:
+        """Observe the draft / verify times of every pending round clock that is ready (on the
+        CPU: this round's, at once; on CUDA: usually the previous rounds', the scheduler having
+        synchronised on their accept_lens since). At most MAX_PENDING_CLOCKS wait; older ones
+        are dropped unobserved rather than synchronised on."""
+        waiting = []
+        for clock in self._pending_clocks:
+            spans = clock.spans()
+            if spans is None:
+                waiting.append(clock)
+            elif len(spans) >= 2:
+                self._draft_time.observe(spans[0])
+                self._verify_time.observe(spans[1])
+        self._pending_clocks = waiting[-MAX_PENDING_CLOCKS:]
 
     def record_lookup(self, rows: torch.Tensor, accept_lens: torch.Tensor) -> None:
-        """The rows [bs] bool of a round drafted by prompt lookup, and every row's a + 1."""
+        """The rows [bs] bool of a round drafted by prompt lookup, and every row's a + 1 (one
+        sync; the worker passes lookup_rows to record_round instead)."""
         if not self.enabled:
             return
-        n, accepted = torch.stack((rows.sum(), (accept_lens - 1)[rows].sum())).tolist()
+        n, accepted = torch.stack((rows.sum(), ((accept_lens - 1) * rows).sum())).tolist()
         self._lookup_rounds.inc(n)
         self._lookup_accepted.inc(accepted)
 

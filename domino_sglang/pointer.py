@@ -195,3 +195,127 @@ class PointerCopy:
     def copied(self) -> torch.Tensor:
         """[bs, n] bool: the greedy positions of this round drafted by the copy."""
         return torch.stack(self.won, dim=1)
+
+
+def device_candidates(seq: torch.Tensor, last: torch.Tensor, max_match: int = COPY_MAX_MATCH
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """copy_table's (c, n) of each row's prefix seq[b, :last[b] + 1], on the device, with no
+    host synchronisation and static shapes (CUDA-graph safe): seq [bs, T] int64 (left-aligned
+    histories, anything after last[b]), last [bs] int64 (>= 0). Returns (c [bs], n [bs]).
+
+        match[b, e] = the longest common suffix (<= max_match) of seq[b, :e+1] and
+                      seq[b, :last+1], for e < last; n = max_e match, c = seq[b, e* + 1] at the
+                      largest e* with match = n (the most recent occurrence); (NO_COPY, 0) if n = 0
+    max_match compares over [bs, T]: the same answer as CopyIndex.candidate (tests)."""
+    bs, t_cap = seq.shape
+    ends = torch.arange(t_cap, device=seq.device)  # e
+    run = ends[None, :] < last[:, None]  # [bs, T] e <= last - 1
+    match = torch.zeros(bs, t_cap, dtype=torch.int64, device=seq.device)
+    for j in range(max_match):
+        # seq[b, e - j] == seq[b, last - j], both indices >= 0
+        back = ends - j  # [T]
+        left = seq[:, back.clamp(min=0)]  # [bs, T]
+        right = seq.gather(1, (last - j).clamp(min=0)[:, None])  # [bs, 1]
+        run = run & (back >= 0)[None, :] & (last - j >= 0)[:, None] & (left == right)
+        match += run
+    best = match.amax(dim=1)  # [bs]
+    at = torch.where((match == best[:, None]) & (best[:, None] > 0), ends, -1).amax(dim=1)
+    nxt = seq.gather(1, (at + 1).clamp(min=0, max=t_cap - 1)[:, None]).squeeze(1)
+    found = best > 0
+    return torch.where(found, nxt, NO_COPY), best
+
+
+class DevicePointerCopy(PointerCopy):
+    """PointerCopy with the copy index on the device: each request's history (x_t last) in a
+    left-aligned [bs, T + n] buffer whose chain part is written in place as drafts are chosen,
+    candidates by `device_candidates`. No host synchronisation and no per-request Python state
+    per position; the same (c, n) as CopyIndex (tests/test_pointer.py)."""
+
+    def __init__(self, gate: torch.nn.Linear, history: torch.Tensor, lens: torch.Tensor,
+                 n: int):
+        """history [bs, T] int64 (row b's first lens[b] entries are its history, x_t last),
+        lens [bs] int64 >= 1, n the positions this round drafts."""
+        super().__init__(gate, [], history.device)
+        bs, t = history.shape
+        self.seq = torch.cat((history, history.new_full((bs, n), NO_COPY)), dim=1)  # [bs, T+n]
+        self.last = lens.to(torch.int64) - 1  # [bs] the sequence's last position (x_t)
+
+    def candidates(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return device_candidates(self.seq, self.last)
+
+    def append(self, tokens: torch.Tensor, won: torch.Tensor | None = None) -> None:
+        self.last = self.last + 1
+        self.seq.scatter_(1, self.last[:, None], tokens[:, None].to(self.seq.dtype))
+        if won is not None:
+            self.won.append(won)
+
+
+def copy_index_on_device(device: torch.device | str) -> bool:
+    """Whether the worker keeps copy indexes on the device (DeviceHistories + DevicePointerCopy:
+    no host synchronisation per draft position) or on the host (CopyIndex: dict lookups, the
+    cheaper choice where host and device are one). Env DOMINO_COPY_INDEX=device / host; by
+    default device on CUDA, host on the CPU."""
+    value = os.environ.get("DOMINO_COPY_INDEX")
+    if value is None:
+        return torch.device(device).type != "cpu"
+    if value not in ("device", "host"):
+        raise ValueError(f"DOMINO_COPY_INDEX must be 'device' or 'host', got {value!r}")
+    return value == "device"
+
+
+class DeviceHistories:
+    """Each running request's prompt + output (x_t last) in one device buffer [R, T] int64, a
+    row per request, extended round by round by the tokens committed since (one host-to-device
+    copy per round for the whole batch; a request's full history only when it first appears or
+    restarts). The host keeps only each row's request id and length: no per-request Python list
+    is rebuilt per round (only the new tokens are sliced from the request's own lists)."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self.buf = torch.zeros(0, 0, dtype=torch.int64, device=self.device)  # [R, T]
+        self.slot: dict[str, int] = {}  # request id -> row
+        self.length: dict[str, int] = {}  # request id -> tokens stored
+
+    def _grow(self, rows: int, cols: int) -> None:
+        r, t = self.buf.shape
+        if rows <= r and cols <= t:
+            return
+        new = torch.zeros(max(rows, 2 * r), max(cols, 2 * t, 64), dtype=torch.int64,
+                          device=self.device)
+        new[:r, :t] = self.buf
+        self.buf = new
+
+    def update(self, reqs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bring every request of `reqs` (SGLang Reqs: rid, origin_input_ids, output_ids) up to
+        date and drop the others. Returns (history [bs, T], lens [bs]) on the device, row b the
+        b-th request's tokens left-aligned (anything after lens[b])."""
+        keep = {r.rid for r in reqs}
+        for rid in [k for k in self.slot if k not in keep]:
+            del self.slot[rid], self.length[rid]
+        used = set(self.slot.values())
+        free = (i for i in range(len(reqs) + len(used)) if i not in used)
+        rows, cols, toks, order, lens = [], [], [], [], []
+        for req in reqs:
+            prompt, out = req.origin_input_ids, req.output_ids
+            n = len(prompt) + len(out)
+            done = self.length.get(req.rid, 0)
+            if req.rid not in self.slot:
+                self.slot[req.rid] = next(free)
+            if done > n:  # restarted: shorter than what was stored
+                done = 0
+            new = (prompt[done:] + out) if done < len(prompt) else out[done - len(prompt):]
+            row = self.slot[req.rid]
+            rows += [row] * len(new)
+            cols += range(done, n)
+            toks += new
+            self.length[req.rid] = n
+            order.append(row)
+            lens.append(n)
+        self._grow(max(self.slot.values()) + 1, max(lens))
+        bs, m = len(reqs), len(toks)
+        # the round's one host-to-device copy: new tokens (row, col, token), rows, lengths
+        packed = torch.tensor(rows + cols + toks + order + lens, dtype=torch.int64,
+                              device=self.device)
+        self.buf[packed[:m], packed[m:2 * m]] = packed[2 * m:3 * m]
+        index = packed[3 * m:3 * m + bs]
+        return self.buf[index, :max(lens)], packed[3 * m + bs:]

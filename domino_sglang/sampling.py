@@ -93,10 +93,12 @@ class SamplingRows:
         leave, so they over-approximate; a greedy row has top_k = 1, which sets
         need_top_k_sampling."""
         device = info.temperatures.device
-        given = torch.tensor([s if s is not None else 0 for s in seeds], dtype=torch.int64)
-        has = torch.tensor([s is not None for s in seeds])
-        fresh = torch.randint(0, 2**62, (len(seeds),), dtype=torch.int64, device=device)
-        seed = torch.where(has.to(device), given.to(device), fresh)
+        seed = torch.randint(0, 2**62, (len(seeds),), dtype=torch.int64, device=device)
+        if any(s is not None for s in seeds):  # one host-to-device copy, only with seeds
+            given = torch.tensor([[s if s is not None else 0 for s in seeds],
+                                  [s is not None for s in seeds]], dtype=torch.int64,
+                                 device=device)
+            seed = torch.where(given[1] > 0, given[0], seed)
         return cls(temperature=info.temperatures.view(-1).float(), top_k=info.top_ks.long(),
                    top_p=info.top_ps.float(), min_p=info.min_ps.float(), seed=seed,
                    need_sort=bool(info.need_top_k_sampling or info.need_top_p_sampling),

@@ -115,5 +115,4 @@ def one_hot_proposal(drafts: torch.Tensor, rows: torch.Tensor, q: torch.Tensor |
     one_hot.scatter_(2, drafts[..., None], 1.0)
     if q is None:
         return one_hot
-    q[rows] = one_hot[rows].to(q.dtype)
-    return q
+    return torch.where(rows[:, None, None], one_hot.to(q.dtype), q)  # no boolean indexing

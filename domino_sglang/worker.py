@@ -61,7 +61,14 @@ from domino_sglang.metrics import (
     head_change_outcomes,
 )
 from domino_sglang.model import sglang_draft_model_class
-from domino_sglang.pointer import CopyIndex, PointerCopy, copy_from_env
+from domino_sglang.pointer import (
+    CopyIndex,
+    DeviceHistories,
+    DevicePointerCopy,
+    PointerCopy,
+    copy_from_env,
+    copy_index_on_device,
+)
 from domino_sglang.policy import SpeculationPolicy, cost_model
 from domino_sglang.rollout import greedy_rollout
 from domino_sglang.sampling import (
@@ -144,6 +151,10 @@ class DominoWorker(BaseSpecWorker):
         gate = self.draft_model.drafter.copy_gate if copy_from_env() else None
         self.copy_gate = gate.to(head_dtype) if gate is not None and head_dtype else gate
         self.copy_indexes: dict[str, CopyIndex] = {}
+        # or on the device (pointer.copy_index_on_device: CUDA by default)
+        self.device_histories = (DeviceHistories(self.device)
+                                 if gate is not None and copy_index_on_device(self.device)
+                                 else None)
         self.round_copied: torch.Tensor | None = None  # set by propose (metrics)
         if self.head.vocab is not None:
             logger.info("DOMINO draft vocabulary: %d of %d tokens (%s)",
@@ -162,6 +173,8 @@ class DominoWorker(BaseSpecWorker):
         self._logged_scale = (1.0, 0.0)  # (k, time) last logged
         # plain rounds' draft-context writes, batched until a draft pass needs them (context.py)
         self.context = DeferredContext(self.write_draft_context)
+        self.sync_log = os.environ.get("DOMINO_SYNC_LOG")  # counted rounds (measurement, tests)
+        self.round_pointer = False  # whether this round's draft used the pointer copy path
         logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s, "
                     "copy %s, draft pass %s, prompt lookup %s, policy %s (cost profile %s: %s)",
                     self.block_size,
@@ -229,7 +242,33 @@ class DominoWorker(BaseSpecWorker):
                                  pp_proxy_tensors=None) -> GenerationBatchResult:
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             return self.prefill(batch, on_publish)
+        if self.sync_log is not None:  # DOMINO_SYNC_LOG (tests/test_sync_budget.py)
+            return self.counted_decode_round(batch, on_publish, grammar_barrier)
         return self.decode_round(batch, on_publish, grammar_barrier)
+
+    def counted_decode_round(self, batch, on_publish, grammar_barrier) -> GenerationBatchResult:
+        """decode_round under a host-sync counter (syncs.py); one JSON line per round to the file
+        DOMINO_SYNC_LOG: the round's kind, batch size, L, whether it sampled / used the pointer
+        copy path, and the synchronisations by origin and kind (domino sites included)."""
+        import json
+
+        from domino_sglang.syncs import SyncCounter
+
+        sampled = not bool((batch.sampling_info.top_ks <= 1).all())  # outside the count
+        self.round_pointer = False
+        with SyncCounter() as counter:
+            counter.host(batch.seq_lens_cpu)  # SGLang's host copy of the lengths
+            out = self.decode_round(batch, on_publish, grammar_barrier)
+        bs, block, _, kind, _, _ = self._last_round
+        line = {"kind": kind, "bs": bs, "L": block, "sampled": sampled,
+                "pointer": self.round_pointer,
+                "domino": counter.total("domino"), "sglang": counter.total("sglang"),
+                "by_kind": counter.by_kind("domino"),
+                "sites": {f"{k}@{site}": n for (o, k, site), n in counter.sites.items()
+                          if o == "domino"}}
+        with open(self.sync_log, "a") as f:
+            f.write(json.dumps(line) + "\n")
+        return out
 
     def prefill(self, batch, on_publish) -> GenerationBatchResult:
         """Target prefill with the drafter's target layers captured; their projected K/V go into
@@ -278,22 +317,29 @@ class DominoWorker(BaseSpecWorker):
         draft_input = batch.spec_info
         bs, seeds = len(batch.seq_lens), self.seeds(batch)
         started = self.time_last_round()
-        # per row, not SamplingBatchInfo.is_all_greedy: filter_batch never recomputes that flag
-        greedy_rows = batch.sampling_info.top_ks <= 1  # [bs], SGLang's own greedy test
-        sampled = not bool(greedy_rows.all())
-        capped = self.one_token_rows(batch)  # [bs] bool: commit one token this round
+        # per row, not SamplingBatchInfo.is_all_greedy: filter_batch never recomputes that flag;
+        # SGLang's own greedy test (top_k <= 1, what `top_ks` holds), read on the host
+        greedy_host = [r.sampling_params.top_k <= 1 for r in batch.reqs]
+        sampled = not all(greedy_host)
+        capped_host = self.one_token_flags(batch)  # [bs] bool: commit one token this round
+        capped = (None if capped_host is None  # the one host-to-device copy, only if any
+                  else torch.tensor(capped_host, device=self.device))
+        all_capped = capped_host is not None and all(capped_host)
         # L, the chain length verified this round. A seeded sampled request's realised tokens
         # depend on L (coins vs. plain draws), so batches holding one verify the full block.
         # Speculation only costs a batch whose every request is capped: the adaptive policy
         # runs it as plain rounds.
-        pinned = any(s is not None and not g for s, g in zip(seeds, greedy_rows.tolist()))
+        pinned = any(s is not None and not g for s, g in zip(seeds, greedy_host))
         committed = 0
         if self.policy.cycles:  # a test pattern: needs the first request's length on the host
-            lens = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens
-            committed = int(lens[0])
+            if batch.seq_lens_cpu is not None:  # SGLang's host copy: no synchronisation
+                committed = int(batch.seq_lens_cpu[0])
+            else:  # committed = prompt + output without x_t (not yet in the KV cache)
+                req = batch.reqs[0]
+                committed = len(req.origin_input_ids) + len(req.output_ids) - 1
         if pinned:
             block = self.block_size
-        elif self.policy.enabled and capped is not None and bool(capped.all()):
+        elif self.policy.enabled and all_capped:
             block = 1
         else:
             block = self.policy.draft_len(bs, committed)
@@ -302,14 +348,15 @@ class DominoWorker(BaseSpecWorker):
         # copying. A round where every row copies (or is capped) runs no draft pass, and the
         # policy sizes it for copies (policy.lookup_len; a seeded batch keeps the full block);
         # one that mixes copies with the drafter's rows drafts at the drafter's L, if any.
-        looked = None  # [bs] bool: rows drafted by copying
-        tried = self.lookup and not (capped is not None and bool(capped.all())) and (
+        looked = None  # [bs] bool: rows drafted by copying (looked_host: the same on the host)
+        tried = self.lookup and not all_capped and (
             block > 1 or (self.policy.may_copy_instead()
-                          and self.plain_round_may_copy(batch, capped)))
+                          and self.plain_round_may_copy(batch, capped_host)))
         if tried:
-            looked, copies, longest = self.lookup_drafts(batch, draft_input.bonus_tokens, capped)
-        copy_only = looked is not None and not bool((~looked if capped is None
-                                                     else ~looked & ~capped).any())
+            looked_host, looked, copies, longest = self.lookup_drafts(
+                batch, draft_input.bonus_tokens, capped_host)
+        copy_only = looked is not None and all(
+            lk or cp for lk, cp in zip(looked_host, capped_host or [False] * bs))
         if copy_only and not pinned and self.policy.pinned is None:
             copy_len = self.policy.lookup_len(bs, longest)
             if copy_len > 1:
@@ -319,7 +366,7 @@ class DominoWorker(BaseSpecWorker):
         if looked is not None and block == 1:  # plain decoding after all
             looked, copy_only = None, False
         draft_pass = not copy_only
-        self.record_fallbacks(bs, block, capped)
+        self.record_fallbacks(bs, block, capped_host)
         self.context.before_round(tuple(r.rid for r in batch.reqs), speculative=block > 1)
         prefix_lens = batch.seq_lens  # committed tokens (x_t, the bonus, is not among them)
         chain = torch.full((bs, self.block_size), self.conf.mask_token_id, dtype=torch.int64,
@@ -338,7 +385,7 @@ class DominoWorker(BaseSpecWorker):
         drafted = (self.propose(batch, chain, positions, slots, block, rows, u) if draft_pass
                    else None)
         if looked is not None:  # copied rows: [x_t, copy, MASK..]; sampled: q = one-hot
-            chain[looked, 1:] = copies[looked]
+            chain[:, 1:] = torch.where(looked[:, None], copies, chain[:, 1:])
             if sampled:
                 drafted = one_hot_proposal(chain[:, 1:block], looked, drafted,
                                            self.head.vocab_size)
@@ -376,33 +423,45 @@ class DominoWorker(BaseSpecWorker):
             self.write_draft_context(hidden, positions, slots)
         logits_output.hidden_states = None
         bonus = tokens.gather(1, (accept_lens - 1)[:, None]).squeeze(1)
-        if self.metrics.enabled:
-            outcomes = copies = None  # the head's changes and copies, on the rows it drafted
+        # The round's one read-back (device to host): the policy's accept lengths and the
+        # metrics' counts, in one vector; none in a plain round without policy statistics.
+        observe = self.policy.enabled and block > 1  # the policy learns from drafted rounds
+        readback = [uncapped.to(torch.int64)] if observe else []  # [bs]
+        outcomes = copies = None
+        if self.metrics.enabled:  # the head's changes and copies, on the rows it drafted
             if not sampled and drafted is not None:
-                d = slice(None) if looked is None else ~looked
-                copied = None if self.round_copied is None else self.round_copied[d]
-                outcomes = head_change_outcomes(chain[d, 1:], drafted[d], target_choice[d],
-                                                accept_lens[d], copied)
-                if copied is not None:
-                    copies = draft_outcomes(copied, chain[d, 1:], target_choice[d],
-                                            accept_lens[d])
-            self.metrics.record_round(accept_lens, block, clock, outcomes, copies)
-            if looked is not None:
-                self.metrics.record_lookup(looked, accept_lens)
-        if self.policy.enabled:  # capped rows gain nothing from L: they do not vote
-            voters = torch.ones_like(uncapped, dtype=torch.bool) if capped is None else ~capped
+                d = None if looked is None else ~looked
+                outcomes = head_change_outcomes(chain[:, 1:], drafted, target_choice,
+                                                accept_lens, self.round_copied, d)
+                if self.round_copied is not None:
+                    copies = draft_outcomes(self.round_copied, chain[:, 1:], target_choice,
+                                            accept_lens, d)
+            if block > 1 or looked is not None:
+                readback.append(self.metrics.round_stats(accept_lens, block, outcomes, copies,
+                                                         looked))
+        host = torch.cat(readback).tolist() if readback else []  # the one sync
+        if self.metrics.enabled:  # plain round: no stats (nothing drafted), none read
+            stats = host[bs:] if observe else host
+            self.metrics.record_round(accept_lens, block, clock, outcomes, copies, looked,
+                                      stats=stats if block > 1 or looked is not None else None)
+        if observe:  # capped rows gain nothing from L: they do not vote
+            lens_host = host[:bs]
+            voters = [not c for c in capped_host] if capped_host is not None else [True] * bs
             if looked is not None:  # copies and drafts have an alpha each
-                self.policy.observe_lookup(uncapped[looked].tolist(), block)
-                voters &= ~looked
+                self.policy.observe_lookup(
+                    [a for a, lk in zip(lens_host, looked_host) if lk], block)
+                voters = [v and not lk for v, lk in zip(voters, looked_host)]
             if draft_pass:
-                self.policy.observe(uncapped[voters].tolist(), block)
+                self.policy.observe([a for a, v in zip(lens_host, voters) if v], block)
         # the cost profile prices rounds with a draft pass (or plain ones): copy-only rounds are
         # logged (debug) but not timed
         kind = ("copy" if not draft_pass else "plain" if block == 1
                 else "draft" if looked is None else "mixed")
         self.metrics.record_kind(kind)
         kind += "+lookup" if tried else ""
-        self._last_round = (bs, block, started, kind, int(prefix_lens.sum()) // bs, clock)
+        context = (int(batch.seq_lens_cpu.sum()) // bs if batch.seq_lens_cpu is not None
+                   else -1)  # mean committed length (debug log), from the host copy only
+        self._last_round = (bs, block, started, kind, context, clock)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=tokens.reshape(-1),
@@ -420,13 +479,16 @@ class DominoWorker(BaseSpecWorker):
         The pass drafts the whole [bs, B] block, or with `short_draft` (a drafter trained on
         short blocks) only the L tokens verified: [x_t, MASK x (L-1)], a cheaper pass."""
         self.round_copied = None  # [bs, L-1] bool: greedy positions the copy drafted (metrics)
+        self.round_pointer = False
         if block == 1:  # plain decoding round: no draft pass
             return None
         width = block if self.short_draft else self.block_size  # W, the tokens drafted
         z = self.draft_block(batch, chain[:, :width], positions[:, :width].reshape(-1),
                              slots[:, :width].reshape(-1))  # [bs, W, H]
         z = z[:, :block]  # [bs, L, H]: the head at position i reads z_i only
-        copy = self.pointer_copy(batch, chain[:, 0]) if self.copy_gate is not None else None
+        copy = (self.pointer_copy(batch, chain[:, 0], block - 1) if self.copy_gate is not None
+                else None)
+        self.round_pointer = copy is not None
         if rows is not None:
             chain[:, 1:block], q = sampled_rollout(
                 z, chain[:, 0], self.head, rows, u.draft, self.candidate_pool,
@@ -440,11 +502,22 @@ class DominoWorker(BaseSpecWorker):
             self.round_copied = copy.copied()
         return base_pick
 
-    def pointer_copy(self, batch, bonus: torch.Tensor) -> PointerCopy:
-        """A pointer drafter's copy path for this round (pointer.py): each request's copy index
-        brought up to its prompt + output (x_t last; only the new tokens are indexed), the
-        indexes of requests that left the batch dropped. A request whose recorded output does
-        not end in x_t (it would: rounds run synchronously) copies from x_t and its chain only."""
+    def pointer_copy(self, batch, bonus: torch.Tensor, n: int) -> PointerCopy:
+        """A pointer drafter's copy path for this round (pointer.py) over n positions: each
+        request's copy index brought up to its prompt + output (x_t last; only the new tokens
+        are indexed), the indexes of requests that left the batch dropped. A request whose
+        recorded output does not end in x_t (it would: rounds run synchronously) copies from
+        x_t and its chain only. On the device (copy_index_on_device): DeviceHistories and
+        DevicePointerCopy, one host-to-device copy and no synchronisation; on the host:
+        CopyIndex, a read of x_t and host lookups per position."""
+        if self.device_histories is not None:
+            history, lens = self.device_histories.update(batch.reqs)  # [bs, T], [bs]
+            last = history.gather(1, (lens - 1).clamp(min=0)[:, None]).squeeze(1)
+            ok = (lens > 0) & (last == bonus)  # else: [x_t] alone, as CopyIndex does
+            history = history.clone()
+            history[:, 0] = torch.where(ok, history[:, 0], bonus.to(history.dtype))
+            lens = torch.where(ok, lens, torch.ones_like(lens))
+            return DevicePointerCopy(self.copy_gate, history, lens, n)
         indexes = []
         for req, x_t in zip(batch.reqs, bonus.tolist()):
             history = req.origin_input_ids + req.output_ids
@@ -454,34 +527,42 @@ class DominoWorker(BaseSpecWorker):
         self.copy_indexes = {r.rid: ix for r, ix in zip(batch.reqs, indexes)}
         return PointerCopy(self.copy_gate, indexes, bonus.device)
 
-    def lookup_drafts(self, batch, bonus: torch.Tensor, capped: torch.Tensor | None
-                      ) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
+    def lookup_drafts(self, batch, bonus: torch.Tensor, capped: list[bool] | None
+                      ) -> tuple[list[bool] | None, torch.Tensor | None, torch.Tensor | None,
+                                 int]:
         """Prompt-lookup drafts (lookup.py) from each request's prompt + output so far: (rows
-        [bs] bool that have one, drafts [bs, B-1] padded with the mask token, the longest
-        draft's length), or (None, None, 0) when no request has one. Capped requests take
-        none. A request whose recorded output does not end in its bonus token x_t (it would,
-        the scheduler runs rounds synchronously) takes none either."""
-        n = self.block_size - 1
-        skip = [False] * len(batch.reqs) if capped is None else capped.tolist()
+        [bs] that have one, on the host and on the device; drafts [bs, B-1] padded with the mask
+        token; the longest draft's length), or (None, None, None, 0) when no request has one.
+        Capped requests take none. The lookup runs on the host lists; its result reaches the
+        device in one copy. A request whose recorded output does not end in its bonus token
+        x_t (it would: the scheduler runs rounds synchronously) takes none either: checked on
+        the device, where x_t is (its row drafts the mask token then, still exact)."""
+        n, mask = self.block_size - 1, self.conf.mask_token_id
+        skip = capped or [False] * len(batch.reqs)
         rows, histories = [], []
-        for i, (req, x_t) in enumerate(zip(batch.reqs, bonus.tolist())):
+        for i, req in enumerate(batch.reqs):
             history = req.origin_input_ids + req.output_ids
-            if not skip[i] and history and history[-1] == x_t:
+            if not skip[i] and history:
                 rows.append(i)
                 histories.append(torch.tensor(history, dtype=torch.int64))
         if not rows:
-            return None, None, 0
+            return None, None, None, 0
         copies, lens = lookup_batch(histories, n)  # [m, B-1] (-1 padded), [m]
         if not bool((lens > 0).any()):
-            return None, None, 0
-        drafts = torch.full((len(batch.reqs), n), self.conf.mask_token_id, dtype=torch.int64)
-        found = torch.zeros(len(batch.reqs), dtype=torch.bool)
+            return None, None, None, 0
+        # [bs, B + 1]: drafts, found, the history's last token (host, then one copy)
+        packed = torch.full((len(batch.reqs), n + 2), mask, dtype=torch.int64)
         index = torch.tensor(rows)
-        drafts[index] = torch.where(copies >= 0, copies, self.conf.mask_token_id)
-        found[index] = lens > 0
-        return found.to(self.device), drafts.to(self.device), int(lens.max())
+        packed[index, :n] = torch.where(copies >= 0, copies, mask)
+        packed[:, n] = 0
+        packed[index, n] = (lens > 0).long()
+        packed[index, n + 1] = torch.stack([h[-1] for h in histories])
+        found_host = (packed[:, n] > 0).tolist()
+        dev = packed.to(self.device)
+        found = (dev[:, n] > 0) & (dev[:, n + 1] == bonus)
+        return found_host, found, dev[:, :n], int(lens.max())
 
-    def plain_round_may_copy(self, batch, capped: torch.Tensor | None) -> bool:
+    def plain_round_may_copy(self, batch, capped: list[bool] | None) -> bool:
         """Whether a round the policy made plain could verify copies instead: only as a
         copy-only round (every uncapped request has a copy) whose copies pay at this batch size
         even at their longest (policy.lookup_len). Both are asked on the host first, request by
@@ -492,7 +573,7 @@ class DominoWorker(BaseSpecWorker):
         lookup they skip. Assumes lookup_drafts matches with lookup.py's default MIN_MATCH."""
         if self.policy.lookup_len(len(batch.reqs), self.block_size - 1) <= 1:
             return False
-        skip = [False] * len(batch.reqs) if capped is None else capped.tolist()
+        skip = [False] * len(batch.reqs) if capped is None else capped
         return all(s or has_recurring_suffix(r.origin_input_ids + r.output_ids)
                    for s, r in zip(skip, batch.reqs))
 
@@ -506,7 +587,8 @@ class DominoWorker(BaseSpecWorker):
             if logger.isEnabledFor(logging.DEBUG):  # `-- --log-level debug`
                 calibration = self.policy.calibration
                 # draft: lookup + draft pass + head; verify: target forward + acceptance
-                spans = clock.spans() if isinstance(clock, RoundClock) else [0.0, 0.0]
+                # (CUDA events the device has not reached yet read as 0: never synchronised on)
+                spans = (clock.spans() if isinstance(clock, RoundClock) else None) or [0.0, 0.0]
                 logger.debug("DOMINO round %s bs %d L %d context %d %.2f ms (draft %.2f verify "
                              "%.2f) k %.2f alpha %.2f", kind, bs, block, context,
                              1e3 * (now - started), 1e3 * spans[0], 1e3 * spans[1],
@@ -531,12 +613,13 @@ class DominoWorker(BaseSpecWorker):
                         "speculative overhead at bs %d (%d rounds timed)", k, bs,
                         calibration.rounds)
 
-    def record_fallbacks(self, bs: int, block: int, capped: torch.Tensor | None) -> None:
+    def record_fallbacks(self, bs: int, block: int, capped: list[bool] | None) -> None:
         """Request-rounds decoded without speculation, by reason: `one_token_requests` (capped
-        rows, whatever L), `adaptive_policy` (the others, when the policy chose L = 1)."""
+        rows [bs] on the host, whatever L), `adaptive_policy` (the others, when the policy chose
+        L = 1)."""
         if not self.metrics.enabled:
             return
-        n_capped = 0 if capped is None else int(capped.sum())
+        n_capped = 0 if capped is None else sum(map(bool, capped))
         self.metrics.record_fallback("one_token_requests", n_capped)
         if block == 1 and self.policy.enabled:
             self.metrics.record_fallback("adaptive_policy", bs - n_capped)
@@ -577,11 +660,17 @@ class DominoWorker(BaseSpecWorker):
         return logits
 
     def one_token_rows(self, batch) -> torch.Tensor | None:
-        """[bs] bool: requests that commit one token per round (the accepted draft or recovered
-        token at chain index 0), or None when there are none. These are the requests whose
-        logits depend on their own output so far: frequency / presence / repetition penalties,
-        min_new_tokens, and custom logit processors (they read the request's output_ids through
-        `custom_params["__req__"]`) other than SGLang's history-free disallowed-tokens one.
+        """one_token_flags as a [bs] bool device tensor (None when there are none)."""
+        flags = self.one_token_flags(batch)
+        return None if flags is None else torch.tensor(flags, device=self.device)
+
+    def one_token_flags(self, batch) -> list[bool] | None:
+        """[bs] bool on the host: requests that commit one token per round (the accepted draft
+        or recovered token at chain index 0), or None when there are none. These are the
+        requests whose logits depend on their own output so far: frequency / presence /
+        repetition penalties, min_new_tokens, and custom logit processors (they read the
+        request's output_ids through `custom_params["__req__"]`) other than SGLang's
+        history-free disallowed-tokens one.
 
         Their state is per request, not per chain position: chain index k > 0 would need it
         after d_1..d_k. Committing exactly one token per round, fed back at the next round's
@@ -600,7 +689,7 @@ class DominoWorker(BaseSpecWorker):
             logger.info("DOMINO: requests with penalties, min_new_tokens or a history-reading "
                         "custom logit processor commit one token per round (exact, no "
                         "speculative speed-up)")
-        return torch.tensor(flags, device=self.device)
+        return flags
 
     @staticmethod
     def seeds(batch) -> list[int | None]:

@@ -152,3 +152,53 @@ def test_rollout_base_pick(use_head):
         assert (chain != base_pick).any()  # this strong test head really overrides
     else:
         assert torch.equal(chain, base_pick)
+
+
+class _PendingEvent:
+    """A torch.cuda.Event stand-in the device has not reached until `done` is set: its
+    elapsed_time raises as torch's does on an incomplete event."""
+
+    done = False
+    clock = 0.0
+
+    def __init__(self, enable_timing: bool = False):
+        self.t = None
+
+    def record(self) -> None:
+        _PendingEvent.clock += 0.004
+        self.t = _PendingEvent.clock
+
+    def query(self) -> bool:
+        return _PendingEvent.done
+
+    def elapsed_time(self, other) -> float:
+        if not (_PendingEvent.done):
+            raise RuntimeError("Both events must be completed before calculating elapsed time.")
+        return (other.t - self.t) * 1e3  # ms
+
+
+def test_cuda_round_clock_is_read_only_once_complete(monkeypatch):
+    """Issue 64's crash: a plain round (L = 1) on CUDA reaches record_round before anything has
+    synchronised; reading its events there raised. Now it is observed once complete, later."""
+    monkeypatch.setattr(torch.cuda, "Event", _PendingEvent)
+    monkeypatch.setattr(_PendingEvent, "done", False)
+    with pytest.raises(RuntimeError, match="completed"):  # the stand-in fails as torch does
+        _PendingEvent().elapsed_time(_PendingEvent())
+    reg = CollectorRegistry()
+    m = DominoMetrics({"model_name": "m"}, max_draft_len=5, registry=reg, cuda=True)
+    for _ in range(2):  # two plain rounds, events still pending: nothing raised, nothing timed
+        clock = m.clock()
+        clock.mark()
+        clock.mark()
+        assert clock.spans() is None and not clock.ready()
+        m.record_round(torch.tensor([1, 1]), 1, clock)
+    assert value(reg, "domino_verify_rounds_total") == 4
+    assert value(reg, "domino_draft_seconds_count") == 0
+    _PendingEvent.done = True  # the device caught up: the next round observes all three
+    clock = m.clock()
+    clock.mark()
+    clock.mark()
+    m.record_round(torch.tensor([2, 1]), 2, clock)
+    assert value(reg, "domino_draft_seconds_count") == 3
+    assert value(reg, "domino_verify_seconds_count") == 3
+    assert value(reg, "domino_draft_seconds_sum") == pytest.approx(3 * 0.004)

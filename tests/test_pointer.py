@@ -310,3 +310,97 @@ def test_copy_switch(monkeypatch):
     monkeypatch.setenv("DOMINO_COPY", "off")
     with pytest.raises(ValueError, match="DOMINO_COPY must be 0 or 1"):
         copy_from_env()
+
+
+def _device_pointer(gate, histories, n):
+    """The same histories in DevicePointerCopy's left-aligned [bs, T] buffer (padding junk)."""
+    from domino_sglang.pointer import DevicePointerCopy
+
+    t = max(len(h) for h in histories) + 3
+    buf = torch.full((len(histories), t), 4, dtype=torch.int64)  # junk after each history
+    for b, h in enumerate(histories):
+        buf[b, :len(h)] = torch.tensor(h)
+    return DevicePointerCopy(gate, buf, torch.tensor([len(h) for h in histories]), n)
+
+
+def test_device_candidates_are_copy_table_at_every_position():
+    """pointer.device_candidates (issue 64: the copy index on the device, no host sync) gives
+    copy_table's (c, n) for every prefix of random histories, batched with ragged lengths."""
+    from domino_sglang.pointer import device_candidates
+
+    rng = random.Random(3)
+    seqs = []
+    for trial in range(40):
+        vocab = rng.choice((2, 3, 5, 20))
+        ids = [rng.randrange(vocab) for _ in range(rng.randrange(1, 60))]
+        if trial % 3 == 0:
+            ids = ids + ids[:20] + [rng.randrange(vocab)]
+        seqs.append(ids)
+    t = max(map(len, seqs))
+    buf = torch.tensor([s + [rng.randrange(3)] * (t - len(s)) for s in seqs])
+    tables = [copy_table(s) for s in seqs]
+    for pos in range(t):
+        last = torch.tensor([min(pos, len(s) - 1) for s in seqs])
+        c, n = device_candidates(buf, last)
+        want_c = torch.stack([cand[int(k)] for (cand, _), k in zip(tables, last)])
+        want_n = torch.stack([match[int(k)] for (_, match), k in zip(tables, last)])
+        assert torch.equal(c, want_c) and torch.equal(n, want_n), pos
+
+
+@pytest.mark.parametrize("use_head", [True, False])
+@pytest.mark.parametrize("pool", [0, 5])
+def test_device_pointer_copy_drafts_as_the_host_index(pool, use_head):
+    """Greedy and sampled rollouts with DevicePointerCopy equal those with the host CopyIndex
+    (same drafts, same q, same copied positions)."""
+    from domino_sglang.rollout import greedy_rollout
+    from domino_sglang.sampling import RoundUniforms, sampled_rollout
+    from tests.test_rollout import B, H, make_head
+    from tests.test_sampling import make_rows
+
+    rng = random.Random(5)
+    histories = [[rng.randrange(4) for _ in range(rng.randrange(3, 15))] for _ in range(5)]
+    head = make_head(0).with_vocab(torch.tensor([9, 2, 5, 0, 7]))
+    z = torch.randn(5, B, H, generator=torch.Generator().manual_seed(6))
+    bonus = torch.tensor([h[-1] for h in histories])
+    gate = _gate(1.0)
+    with torch.no_grad():
+        host, dev = _pointer(gate, histories), _device_pointer(gate, histories, B - 1)
+        assert torch.equal(greedy_rollout(z, bonus, head, pool, use_head, copy=host),
+                           greedy_rollout(z, bonus, head, pool, use_head, copy=dev))
+        assert torch.equal(host.copied(), dev.copied()) and bool(host.copied().any())
+        rows = make_rows(5, temperature=0.8)
+        u = RoundUniforms.for_round(rows.seed, torch.full((5,), 20), B)
+        d1, q1 = sampled_rollout(z, bonus, head, rows, u.draft, pool, use_head,
+                                 copy=_pointer(gate, histories))
+        d2, q2 = sampled_rollout(z, bonus, head, rows, u.draft, pool, use_head,
+                                 copy=_device_pointer(gate, histories, B - 1))
+    assert torch.equal(d1, d2) and torch.equal(q1, q2)
+
+
+def test_device_histories_follow_requests_round_by_round():
+    """pointer.DeviceHistories: rows extended by the new tokens only, requests joining,
+    leaving, restarting; every round's rows equal prompt + output (one copy per round)."""
+    from types import SimpleNamespace
+
+    from domino_sglang.pointer import DeviceHistories
+
+    rng = random.Random(7)
+    reqs = {rid: SimpleNamespace(rid=rid, origin_input_ids=[rng.randrange(50) for _ in range(n)],
+                                 output_ids=[]) for rid, n in (("a", 5), ("b", 70), ("c", 1))}
+    hist = DeviceHistories("cpu")
+    batch = [reqs["a"], reqs["b"]]
+    for rnd in range(12):
+        for r in batch:
+            r.output_ids += [rng.randrange(50) for _ in range(rng.randrange(1, 5))]
+        if rnd == 4:
+            batch = [reqs["b"], reqs["c"], reqs["a"]]  # c joins, order changes
+        if rnd == 7:
+            batch = [reqs["c"], reqs["a"]]  # b leaves
+        if rnd == 9:
+            reqs["a"].output_ids = reqs["a"].output_ids[:2]  # a restarts, shorter
+        history, lens = hist.update(batch)
+        for b, r in enumerate(batch):
+            want = r.origin_input_ids + r.output_ids
+            assert int(lens[b]) == len(want)
+            assert history[b, :len(want)].tolist() == want, (rnd, r.rid)
+    assert set(hist.slot) == {"c", "a"}

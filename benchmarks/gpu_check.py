@@ -1,0 +1,284 @@
+"""GPU check of the project's pure-torch decode pieces: correctness of CUDA-graph capture + replay
+against eager, and per-round draft time eager vs graph (issue 64, item 5).
+
+Runs on a bare CUDA machine: torch (>= 2.5 for SDPA's enable_gqa; the target machine has 2.11)
+and the standard library only. SGLang, FlashInfer and the network are never touched: the
+domino_sglang modules it imports (config, model, rollout, sampling, verify, pointer, graphs) do
+not import SGLang (tests/test_gpu_check.py runs it with `import sglang` made to fail).
+
+Pieces, with random weights at the chosen dimensions (default: Qwen3-8B's hidden 4096, 32 / 8
+heads of 128, MLP 12288, vocabulary 151936; a 5-layer drafter, GRU 1024, head rank 256 are
+assumptions, the shipped 135M drafter's ratios scaled up):
+  backbone   DominoDrafter.backbone over the block [x_t, MASK x (B-1)] attending non-causally to
+             C context K/V per layer (plain SDPA here; SGLang's backend in the server)
+  greedy     the backbone + greedy head rollout (candidate pool 2048)
+  sampled    the backbone + sampled head rollout (temperature 0.8, counter-based uniforms)
+  pointer    the backbone + greedy rollout with the device copy index (pointer.DevicePointerCopy)
+  verify     greedy and sampled acceptance over random target logits [bs, B, V]
+  copy index pointer.device_candidates against the host copy_table
+Each draft variant is captured (graphs.StaticRunner) per batch size and its replay compared with
+eager (token ids equal; q max abs difference); then timed eager vs replay.
+
+    python benchmarks/gpu_check.py --device cuda                # H200: a few minutes
+    python benchmarks/gpu_check.py --device cpu --quick         # small dims, < 1 min, no graphs
+
+Writes a JSON result (--out; default benchmarks/results/gpu_check_<device>.json) and exits
+non-zero if any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FULL = dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, inter=12288, vocab=151936,
+            layers=5, gru=1024, emb=256, block=16, context=1024, pool=2048,
+            batches=(1, 8, 32), history=2048, repeats=20)
+QUICK = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, inter=128, vocab=512, layers=2,
+             gru=32, emb=16, block=8, context=24, pool=64, batches=(1, 3), history=40,
+             repeats=3)
+
+
+def build(dims: dict, device: torch.device, dtype: torch.dtype):
+    """A random drafter, target embedding / lm_head and head view at `dims`."""
+    from domino_sglang.config import DraftConfig
+    from domino_sglang.model import DominoDrafter
+
+    conf = DraftConfig(
+        path=Path("random"), block_size=dims["block"], hidden_size=dims["hidden"],
+        num_layers=dims["layers"], num_heads=dims["heads"], num_kv_heads=dims["kv_heads"],
+        head_dim=dims["head_dim"], intermediate_size=dims["inter"], rms_norm_eps=1e-6,
+        rope_theta=1e6, vocab_size=dims["vocab"], max_position_embeddings=40960,
+        target_layer_ids=(1, 2), mask_token_id=0, gru_hidden_dim=dims["gru"],
+        emb_dim=dims["emb"], candidate_pool=dims["pool"], copy_gate=True)
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.device(device):
+        drafter = DominoDrafter(conf)
+        embed = torch.nn.Embedding(dims["vocab"], dims["hidden"])
+        lm_head = torch.empty(dims["vocab"], dims["hidden"])
+    with torch.no_grad():
+        for name, p in [*drafter.named_parameters(), ("embed", embed.weight),
+                        ("lm_head", lm_head)]:
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02 if "embed" not in name else 1.0, generator=gen)
+    drafter = drafter.to(dtype).eval()
+    embed = embed.to(dtype)
+    head = drafter.head(embed, lm_head.to(dtype))
+    return conf, drafter, head
+
+
+def make_attend(ctx_k: list[torch.Tensor], ctx_v: list[torch.Tensor], bs: int, block: int):
+    """Non-causal block attention over [context ; block]: ctx_k/v per layer [bs, C, Hkv, D]."""
+    def attend(i: int, q, k, v):
+        t, hq, d = q.shape
+        qb = q.view(bs, block, hq, d).transpose(1, 2)  # [bs, Hq, B, D]
+        kb = torch.cat((ctx_k[i], k.view(bs, block, -1, d)), dim=1).transpose(1, 2)
+        vb = torch.cat((ctx_v[i], v.view(bs, block, -1, d)), dim=1).transpose(1, 2)
+        out = F.scaled_dot_product_attention(qb, kb, vb, enable_gqa=True)  # [bs, Hq, B, D]
+        return out.transpose(1, 2).reshape(t, hq, d)
+    return attend
+
+
+def round_inputs(dims: dict, conf, bs: int, device, dtype, seed: int) -> dict:
+    """One round's inputs for bs requests (random context, histories with repeats)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    c, b, kv, d = dims["context"], dims["block"], dims["kv_heads"], dims["head_dim"]
+    t = dims["history"]
+    hist = torch.randint(0, 50, (bs, t), generator=g)  # small alphabet: copies happen
+    lens = torch.randint(t // 2, t + 1, (bs,), generator=g)
+    bonus = hist.gather(1, (lens - 1)[:, None]).squeeze(1)
+    prefix = lens.clone()  # committed tokens before x_t's position
+    chain = torch.full((bs, b), conf.mask_token_id, dtype=torch.int64)
+    chain[:, 0] = bonus
+    positions = (prefix[:, None] + torch.arange(b)).reshape(-1)
+    inputs = dict(chain=chain, positions=positions, bonus=bonus, history=hist, lens=lens,
+                  seed=torch.arange(bs, dtype=torch.int64) + 7 * seed, prefix=prefix)
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    for i in range(conf.num_layers):
+        inputs[f"k{i}"] = torch.randn(bs, c, kv, d, generator=g).to(device, dtype)
+        inputs[f"v{i}"] = torch.randn(bs, c, kv, d, generator=g).to(device, dtype)
+    return inputs
+
+
+def draft_fn(kind: str, conf, drafter, head, dims: dict, bs: int):
+    """The round's draft side as one function of its inputs: (drafts [bs, B-1], q or picks)."""
+    from domino_sglang.pointer import DevicePointerCopy
+    from domino_sglang.rollout import greedy_rollout
+    from domino_sglang.sampling import RoundUniforms, SamplingRows, sampled_rollout
+
+    block, n_layers = dims["block"], conf.num_layers
+
+    def fn(chain, positions, bonus, history, lens, seed, prefix, **kv):
+        ctx_k = [kv[f"k{i}"] for i in range(n_layers)]
+        ctx_v = [kv[f"v{i}"] for i in range(n_layers)]
+        embeds = head.embed(chain.reshape(-1))
+        with torch.no_grad():
+            z = drafter.backbone(embeds, positions, make_attend(ctx_k, ctx_v, bs, block))
+            z = z.view(bs, block, -1)
+            if kind == "backbone":
+                return (z,)
+            copy = (DevicePointerCopy(drafter.copy_gate, history, lens, block - 1)
+                    if kind == "pointer" else None)
+            if kind == "sampled":
+                ones = torch.ones(bs, device=z.device)
+                rows = SamplingRows(temperature=0.8 * ones, top_k=torch.full_like(seed, 1 << 30),
+                                    top_p=ones, min_p=0 * ones, seed=seed, need_sort=False,
+                                    need_min_p=False, has_greedy=False)
+                u = RoundUniforms.for_round(seed, prefix, block)
+                return sampled_rollout(z, bonus, head, rows, u.draft, dims["pool"])
+            drafts, picks = greedy_rollout(z, bonus, head, dims["pool"], return_base_pick=True,
+                                           copy=copy)
+            return drafts, picks
+    return fn
+
+
+def timed(fn, repeats: int, device) -> float:
+    """Median seconds of fn() over `repeats` calls (device synchronised around each)."""
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def check_draft(kind, conf, drafter, head, dims, bs, device, dtype, graphs: bool) -> dict:
+    """Static-buffer runner (captured on CUDA) vs the dynamic call, on two rounds' inputs."""
+    from domino_sglang.graphs import StaticRunner
+
+    fn = draft_fn(kind, conf, drafter, head, dims, bs)
+    first = round_inputs(dims, conf, bs, device, dtype, seed=1)
+    t0 = time.perf_counter()
+    runner = StaticRunner(fn, first, capture=graphs)
+    setup = time.perf_counter() - t0
+    out = {"kind": kind, "bs": bs, "graph": graphs, "setup_s": round(setup, 3)}
+    ok = True
+    for seed in (2, 3):  # replay on fresh inputs: the graph reads the buffers, not the example
+        inputs = round_inputs(dims, conf, bs, device, dtype, seed=seed)
+        want = fn(**inputs)
+        got = runner(**inputs)
+        for w, g in zip(want, got):
+            if w.dtype in (torch.int64, torch.int32):
+                ok &= bool(torch.equal(w, g))
+            else:
+                diff = float((w.float() - g.float()).abs().max()) if w.numel() else 0.0
+                out["max_abs_diff"] = max(out.get("max_abs_diff", 0.0), diff)
+                ok &= diff == 0.0
+    out["equal"] = ok
+    inputs = round_inputs(dims, conf, bs, device, dtype, seed=4)
+    out["eager_ms"] = 1e3 * timed(lambda: fn(**inputs), dims["repeats"], device)
+    if graphs:
+        out["graph_ms"] = 1e3 * timed(lambda: runner(**inputs), dims["repeats"], device)
+    return out
+
+
+def check_verify(dims, device, bs: int) -> dict:
+    """Greedy acceptance on the device equals the CPU's; sampled acceptance is a valid prefix."""
+    from domino_sglang.sampling import RoundUniforms, SamplingRows, process_logits
+    from domino_sglang.verify import verify_greedy, verify_mixed
+
+    g = torch.Generator().manual_seed(5)
+    b, v = dims["block"], dims["vocab"]
+    logits = torch.randn(bs, b, v, generator=g)
+    target = logits.argmax(-1)
+    chain = torch.cat((torch.randint(0, v, (bs, 1), generator=g), target[:, :-1]), dim=1)
+    chain[:, 1 + torch.randint(0, b - 1, (1,), generator=g)] = 0  # a rejection somewhere
+    want = verify_greedy(chain, target)
+    got = verify_greedy(chain.to(device), logits.to(device).argmax(-1))
+    ok = all(torch.equal(w, x.cpu()) for w, x in zip(want, got))
+    ones = torch.ones(bs)
+    rows = SamplingRows(temperature=ones, top_k=torch.full((bs,), 1 << 30), top_p=ones,
+                        min_p=0 * ones, seed=torch.arange(bs), need_sort=False,
+                        need_min_p=False, has_greedy=False)
+    q = process_logits(logits[:, :-1].reshape(-1, v), rows.repeat(b - 1)).view(bs, b - 1, v)
+    dev = lambda t: t.to(device)  # noqa: E731
+    drows = SamplingRows(*(dev(t) for t in (rows.temperature, rows.top_k, rows.top_p,
+                                            rows.min_p, rows.seed)), False, False, False)
+    u = RoundUniforms.for_round(drows.seed, torch.full((bs,), 100, device=device), b)
+    tokens, lens = verify_mixed(dev(chain), dev(logits), dev(q), drows, u)
+    ok &= bool(((lens >= 1) & (lens <= b)).all())
+    t = 1e3 * timed(lambda: verify_mixed(dev(chain), dev(logits), dev(q), drows, u),
+                    dims["repeats"], device)
+    return {"bs": bs, "greedy_equal_cpu": ok, "sampled_verify_ms": t}
+
+
+def check_copy_index(dims, device) -> dict:
+    """device_candidates on the device == copy_table on the host, every prefix of 4 histories."""
+    from domino_sglang.pointer import copy_table, device_candidates
+
+    rng = random.Random(0)
+    seqs = [[rng.randrange(6) for _ in range(rng.randrange(10, 200))] for _ in range(4)]
+    t = max(map(len, seqs))
+    buf = torch.tensor([s + [0] * (t - len(s)) for s in seqs], device=device)
+    tables = [copy_table(s) for s in seqs]
+    ok = True
+    for pos in range(t):
+        last = [min(pos, len(s) - 1) for s in seqs]
+        c, n = device_candidates(buf, torch.tensor(last, device=device))
+        want = [(int(cand[k]), int(m[k])) for (cand, m), k in zip(tables, last)]
+        ok &= list(zip(c.tolist(), n.tolist())) == want
+    big = torch.randint(0, 50, (32, dims["history"]), device=device)
+    lens = torch.full((32,), dims["history"], device=device)
+    ms = 1e3 * timed(lambda: device_candidates(big, lens - 1), dims["repeats"], device)
+    return {"equal_copy_table": ok, "bs32_one_position_ms": ms}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), required=True)
+    ap.add_argument("--quick", action="store_true", help="small dimensions (CI, < 1 minute)")
+    ap.add_argument("--out", type=Path, default=None, help="result JSON path")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))  # the checkout's domino_sglang, installed or not
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: --device cuda but torch sees no CUDA device", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    dims = QUICK if args.quick else FULL
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    graphs = device.type == "cuda"
+    started = time.perf_counter()
+    torch.manual_seed(0)
+    conf, drafter, head = build(dims, device, dtype)
+    result = {"device": torch.cuda.get_device_name() if graphs else "cpu",
+              "torch": torch.__version__, "dims": {k: v for k, v in dims.items()},
+              "dtype": str(dtype), "draft": [], "verify": []}
+    for bs in dims["batches"]:
+        for kind in ("backbone", "greedy", "sampled", "pointer"):
+            row = check_draft(kind, conf, drafter, head, dims, bs, device, dtype, graphs)
+            result["draft"].append(row)
+            print(f"draft {kind:8s} bs {bs:3d}: equal {row['equal']}  eager "
+                  f"{row['eager_ms']:.2f} ms" + (f"  graph {row['graph_ms']:.2f} ms"
+                                                 if graphs else ""), flush=True)
+        result["verify"].append(check_verify(dims, device, bs))
+    result["copy_index"] = check_copy_index(dims, device)
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    ok = (all(r["equal"] for r in result["draft"])
+          and all(r["greedy_equal_cpu"] for r in result["verify"])
+          and result["copy_index"]["equal_copy_table"])
+    result["ok"] = ok
+    print(f"verify: {result['verify']}\ncopy index: {result['copy_index']}\n"
+          f"{'OK' if ok else 'FAILED'} in {result['seconds']} s", flush=True)
+    out = args.out or ROOT / "benchmarks" / "results" / f"gpu_check_{args.device}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
