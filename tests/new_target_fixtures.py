@@ -33,16 +33,18 @@ def make_tokenizer(path: Path):
     return tok
 
 
-def make_qwen3_target(path: Path, layers: int = 4, seed: int = 0) -> Path:
+def make_qwen3_target(path: Path, layers: int = 4, seed: int = 0, hidden: int = 64,
+                      head_dim: int = 16) -> Path:
     """A random Qwen3 (hidden 64, `layers` layers) + its tokenizer, saved as safetensors."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     tok = make_tokenizer(path)
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=16, max_position_embeddings=1024, tie_word_embeddings=False,
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=hidden // head_dim,
+                      num_key_value_heads=max(1, hidden // head_dim // 2),
+                      head_dim=head_dim, max_position_embeddings=1024, tie_word_embeddings=False,
                       bos_token_id=None, eos_token_id=tok.eos_token_id,
                       pad_token_id=tok.pad_token_id, initializer_range=0.3,
                       torch_dtype="float32")

@@ -140,3 +140,57 @@ def test_cli_train_target_errors(tmp_path, capsys):
 def _write(path, convs):
     path.write_text("".join(json.dumps(c) + "\n" for c in convs))
     return path
+
+
+DDP_RUN = """
+import sys, torch
+from pathlib import Path
+from domino_sglang.train.trainer import load_train_config, train
+from tests.train_fixtures import tiny_overrides
+torch.set_num_threads(1)
+tmp = Path(sys.argv[1])
+conf = load_train_config(None, tiny_overrides(tmp, steps=4, batch_size=1, out=str(tmp / "ddp"),
+                         data=str(tmp / "data.jsonl"), target=str(tmp / "target"),
+                         device="cpu"))
+train(conf, progress=False)
+"""
+
+
+def test_torchrun_two_cpu_processes_train_the_single_process_drafter(tmp_path):
+    """DDP (gloo, 2 ranks x 1 sequence) and one process (2 sequences) see the same global batch
+    each step (step_records), and DDP averages equal-sized per-rank means: the same drafter to
+    float rounding (all-reduce order)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from domino_sglang.local_server import free_port
+    from tests.train_fixtures import make_records, make_tiny_target, tiny_overrides
+
+    make_records(tmp_path / "data.jsonl")
+    make_tiny_target(tmp_path / "target")
+    (tmp_path / "run.py").write_text(DDP_RUN)
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_port", str(free_port()), str(tmp_path / "run.py"), str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=repo)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads((tmp_path / "ddp" / "log.jsonl").read_text().splitlines()[0])["run"]
+    assert run["world"] == 2 and run["backend"] == "gloo"
+    torch.set_num_threads(1)
+    single = load_train_config(None, tiny_overrides(
+        tmp_path, steps=4, batch_size=2, out=str(tmp_path / "single"),
+        data=str(tmp_path / "data.jsonl"), target=str(tmp_path / "target"), device="cpu"))
+    train(single, progress=False)
+    a = torch.load(tmp_path / "ddp" / "checkpoint" / "drafter.pt", weights_only=True)
+    b = torch.load(tmp_path / "single" / "checkpoint" / "drafter.pt", weights_only=True)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+    from safetensors.torch import load_file  # the runs moved the weights: not two inits
+
+    init = load_file(str(tmp_path / "single" / "init" / "model.safetensors"))
+    assert any(not torch.allclose(init[k].float(), b[k], atol=1e-4) for k in b if k in init)
