@@ -205,12 +205,28 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     conf = RegenConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        concurrency=args.concurrency, max_prompt_tokens=args.max_prompt_tokens)
     tokenizer = AutoTokenizer.from_pretrained(target)
-    if args.source == "sharegpt-answers":  # the dataset's own answers: no server to run
+    if args.data is not None:  # the user's own conversations
+        from domino_sglang.train.conversations import (
+            ConversationError,
+            prompt_items,
+            read_conversations,
+        )
+
+        try:
+            items = prompt_items(read_conversations(args.data), tokenizer,
+                                 conf.max_prompt_tokens)
+        except ConversationError as exc:
+            _fail(f"regenerate: --data {exc}")
+        items = items[: args.limit] if args.limit is not None else items
+        if not items:
+            _fail(f"regenerate: --data {args.data} has no user turn within "
+                  f"--max-prompt-tokens {conf.max_prompt_tokens}")
+    elif args.source == "sharegpt-answers":  # the dataset's own answers: no server to run
         records = dataset_answers(tokenizer, args.limit, conf.max_prompt_tokens,
                                   conf.max_new_tokens, args.first_id)
         print(f"{args.out}: {append_records(args.out, records)} new records")
         return 0
-    if args.source != "sharegpt":
+    elif args.source != "sharegpt":
         items = source_items(args.source, tokenizer, args.limit, conf.max_prompt_tokens,
                              args.first_id)
     else:
@@ -272,18 +288,44 @@ def _parse_set(items: list[str]) -> dict:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from domino_sglang.train.trainer import TrainConfigError, load_train_config, train
+    import json
+
+    from domino_sglang.hub import HubError, resolve_folder
+    from domino_sglang.train.trainer import (
+        TrainConfigError,
+        load_train_config,
+        target_defaults,
+        train,
+    )
 
     overrides = _parse_set(args.set or [])
-    for key in ("data", "out", "target", "init"):
+    defaults: dict = {}
+    if args.target is not None:  # a folder or a hub id; defaults sized for it
+        try:
+            target = resolve_folder(args.target, "train: --target")
+        except HubError as exc:
+            _fail(str(exc))
+        if not (target / "config.json").is_file():
+            _fail(f"train: --target {args.target} has no config.json")
+        overrides["target"] = str(target)
+        if args.init is None and "init" not in overrides:
+            try:
+                defaults = target_defaults(json.loads((target / "config.json").read_text()))
+            except TrainConfigError as exc:
+                _fail(str(exc))
+    for key in ("data", "out", "init"):
         if getattr(args, key) is not None:
             overrides[key] = str(getattr(args, key))
-    if args.steps is not None:
-        overrides["steps"] = args.steps
+    for key in ("steps", "device", "report_to"):
+        if getattr(args, key) is not None:
+            overrides[key] = getattr(args, key)
     try:
-        conf = load_train_config(args.config, overrides)
-        if not Path(conf.data).is_file():
-            _fail(f"train: data {conf.data} not found (run domino-sglang regenerate first)")
+        conf = load_train_config(args.config, overrides, defaults)
+        if not conf.data or not Path(conf.data).is_file():
+            _fail(f"train: data {conf.data} not found (a regenerated JSONL, or conversations: "
+                  "ShareGPT JSON/JSONL or OpenAI chat JSONL)")
+        if args.resume and not (Path(conf.out) / "checkpoint" / "state.pt").is_file():
+            _fail(f"train: --resume, but {conf.out} has no checkpoint")
         print(train(conf))
     except TrainConfigError as exc:
         _fail(str(exc))
@@ -387,7 +429,12 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--turn", type=int, default=1,
                    help="answer each conversation's N-th user turn, the dataset's turns before it "
                         "as context (default 1; ids of turn N: (N-1) * 100000 + index)")
-    r.add_argument("--url", default=None, help="a running server (default: start one)")
+    r.add_argument("--url", "--server", dest="url", default=None,
+                   help="a running SGLang server of the target, e.g. http://127.0.0.1:30000 "
+                        "(default: start one)")
+    r.add_argument("--data", type=Path, default=None,
+                   help="your prompts instead of --source: conversations (ShareGPT JSON/JSONL or "
+                        "OpenAI chat JSONL), each answered after its last user turn")
     r.add_argument("--model-path", type=Path, default=None)
     r.add_argument("--max-new-tokens", type=int, default=256)
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -411,9 +458,20 @@ def make_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a Domino drafter (base-anchored curriculum)")
     t.add_argument("--config", type=Path, default=None, help="TOML recipe (keys: TrainConfig)")
-    t.add_argument("--data", type=Path, default=None, help="regenerated JSONL")
+    t.add_argument("--data", type=Path, default=None,
+                   help="regenerated JSONL, or conversations used as written (off-policy): "
+                        "ShareGPT JSON/JSONL or OpenAI chat JSONL")
     t.add_argument("--out", type=Path, default=None, help="run folder (resumed if present)")
-    t.add_argument("--target", type=Path, default=None)
+    t.add_argument("--target", default=None,
+                   help="target: a local folder or a hub id; the drafter's size, target layers "
+                        "and curriculum default from its config.json")
+    t.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
+                   help="auto (default): CUDA when present, bf16 autocast; else the CPU")
+    t.add_argument("--report-to", choices=("tensorboard",), default=None,
+                   help="also log to OUT/tensorboard (needs the tensorboard package)")
+    t.add_argument("--resume", action="store_true",
+                   help="require a checkpoint in --out to resume from (a run always resumes "
+                        "one that is there)")
     t.add_argument("--init", type=Path, default=None, help="start from this drafter")
     t.add_argument("--steps", type=int, default=None)
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")

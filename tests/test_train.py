@@ -307,7 +307,7 @@ def test_config_errors_name_the_key(tmp_path):
         load_train_config(None, {"data": "d", "out": "o", "short_blocks": 1.5})
     with pytest.raises(TrainConfigError, match="'first_anchors' must be >= 0"):
         load_train_config(None, {"data": "d", "out": "o", "first_anchors": -1})
-    with pytest.raises(TrainConfigError, match="'compute_dtype' must be bfloat16 or float32"):
+    with pytest.raises(TrainConfigError, match="'compute_dtype' must be auto, bfloat16 or float32"):
         load_train_config(None, {"data": "d", "out": "o", "compute_dtype": "float16"})
     with pytest.raises(TrainConfigError, match="'distill' must be in"):
         load_train_config(None, {"data": "d", "out": "o", "distill": 1.5})

@@ -9,8 +9,14 @@ the base-anchored curriculum of curriculum.py.
 
 Exact resume: the data order and anchors of step t are functions of (seed, t, rank) only, and a
 checkpoint holds the drafter, the optimizer and the step, so stopping at t and resuming gives the
-same parameters as an uninterrupted run. Under `torchrun` the same command runs DDP (gloo on CPU,
-NCCL on GPU); every rank reads its own slice of each step's global batch.
+same parameters as an uninterrupted run. Under `torchrun` the same command runs DDP (NCCL when the
+tensors are on CUDA, gloo when they are on the CPU, whatever the host has); every rank reads its
+own slice of each step's global batch.
+
+Device (`device`: auto|cpu|cuda): the target and the drafter are placed on one device (CUDA when
+present for auto; under torchrun rank r takes cuda:LOCAL_RANK), with bf16 autocast on CUDA
+(`compute_dtype` auto). Data (`data`): a regenerated JSONL, or conversations (ShareGPT-style
+JSON/JSONL, OpenAI chat JSONL) trained on as written: off-policy, and logged as such.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ class TrainConfigError(ValueError):
 
 @dataclass
 class TrainConfig:
-    data: str = ""  # regenerated JSONL (domino-sglang regenerate)
+    data: str = ""  # regenerated JSONL (domino-sglang regenerate), or conversations (ShareGPT
+    #                 JSON/JSONL, OpenAI chat JSONL) used as written: off-policy (conversations.py)
     extra_data: list = field(default_factory=list)  # more record JSONLs, trained on whole (no
     #                   max_id / skip_ids, never held out): e.g. ShareGPT's own answers
     #                   (`regenerate --source sharegpt-answers`), which need distill = 1
@@ -80,7 +87,10 @@ class TrainConfig:
     gamma: float = 7.0  # position weights exp(-k / gamma)
     feature_dtype: str = "bfloat16"  # the serving precision of the target
     feature_cache: bool = True
-    compute_dtype: str = "float32"  # "bfloat16": autocast the forward (fp32 master weights)
+    compute_dtype: str = "auto"  # "bfloat16": autocast the forward (fp32 master weights);
+    #                              auto: bfloat16 on CUDA, float32 on the CPU
+    device: str = "auto"  # auto (CUDA when present) | cpu | cuda
+    report_to: str = ""  # "tensorboard": also log scalars to out/tensorboard (optional dependency)
     eval_records: int = 8  # the last N records are held out for evaluation
     eval_every: int = 100
     log_every: int = 10
@@ -128,9 +138,17 @@ class TrainConfig:
                                        f"(a fresh drafter takes '{fresh}')")
         if self.first_anchors < 0:
             raise TrainConfigError(f"train: 'first_anchors' must be >= 0, got {self.first_anchors}")
-        if self.compute_dtype not in ("bfloat16", "float32"):
-            raise TrainConfigError(f"train: 'compute_dtype' must be bfloat16 or float32, "
+        if self.compute_dtype not in ("auto", "bfloat16", "float32"):
+            raise TrainConfigError(f"train: 'compute_dtype' must be auto, bfloat16 or float32, "
                                    f"got {self.compute_dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise TrainConfigError(f"train: 'device' must be auto, cpu or cuda, "
+                                   f"got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise TrainConfigError("train: 'device' is cuda but torch sees no CUDA device")
+        if self.report_to not in ("", "tensorboard"):
+            raise TrainConfigError(f"train: 'report_to' must be '' or tensorboard, "
+                                   f"got {self.report_to!r}")
         if self.feature_dtype not in ("bfloat16", "float16", "float32"):
             raise TrainConfigError(f"train: 'feature_dtype' must be bfloat16, float16 or float32, "
                                    f"got {self.feature_dtype!r}")
@@ -170,12 +188,14 @@ class TrainConfig:
         return self
 
 
-def load_train_config(path: str | Path | None, overrides: dict | None = None) -> TrainConfig:
-    """TOML file (optional) + overrides; unknown keys and wrong types are errors."""
-    raw: dict = {}
+def load_train_config(path: str | Path | None, overrides: dict | None = None,
+                      defaults: dict | None = None) -> TrainConfig:
+    """`defaults` (e.g. target_defaults) < TOML file (optional) < overrides; unknown keys and
+    wrong types are errors."""
+    raw: dict = dict(defaults or {})
     if path is not None:
         try:
-            raw = tomllib.loads(Path(path).read_text())
+            raw.update(tomllib.loads(Path(path).read_text()))
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise TrainConfigError(f"train: cannot read config {path}: {exc}") from exc
     raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
@@ -305,15 +325,18 @@ class TargetFeatures:
     """
 
     def __init__(self, target: str | Path, layer_ids: list[int], dtype: torch.dtype,
-                 cache_dir: Path | None = None, topk: int = 0):
+                 cache_dir: Path | None = None, topk: int = 0,
+                 device: torch.device | str = "cpu"):
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(target), dtype=dtype)
         model.eval().requires_grad_(False)
+        self.device = torch.device(device)
         self.layer_ids = list(layer_ids)
         if not topk:
             n_keep = max(layer_ids) + 2  # keep one extra layer: the last output may be normed
             model.model.layers = model.model.layers[: min(n_keep, len(model.model.layers))]
+        model.to(self.device)  # only the layers kept
         self.model, self.topk = model, topk
         self.embed_weight = model.get_input_embeddings().weight.detach().float()  # [V, H]
         self.lm_head_weight = model.get_output_embeddings().weight.detach().float()  # [V, H]
@@ -324,7 +347,7 @@ class TargetFeatures:
     def _cached(self, rec: dict, name: str):
         path = None if self.cache_dir is None else self.cache_dir / f"{rec['id']}{name}.pt"
         if path is not None and path.exists():
-            value = torch.load(path, weights_only=True)
+            value = torch.load(path, weights_only=True, map_location=self.device)
             first = value[0] if isinstance(value, tuple) else value
             if first.shape[0] == len(rec["ids"]):
                 return path, value
@@ -334,6 +357,7 @@ class TargetFeatures:
     def _store(path: Path | None, value) -> None:
         if path is not None:
             tmp = path.with_suffix(f".tmp{os.getpid()}")
+            value = tuple(v.cpu() for v in value) if isinstance(value, tuple) else value.cpu()
             torch.save(value, tmp)
             tmp.replace(path)
 
@@ -343,7 +367,7 @@ class TargetFeatures:
         path, feats = self._cached(rec, "")
         if feats is not None:
             return feats
-        ids = torch.tensor([rec["ids"]])
+        ids = torch.tensor([rec["ids"]], device=self.device)
         if self.topk:  # the whole model runs anyway: keep its top-k logits too
             return self._forward(rec)[0]
         hs = self.model.model(input_ids=ids, output_hidden_states=True).hidden_states
@@ -359,7 +383,8 @@ class TargetFeatures:
         return soft if soft is not None else self._forward(rec)[1]
 
     def _forward(self, rec: dict) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        out = self.model(input_ids=torch.tensor([rec["ids"]]), output_hidden_states=True)
+        out = self.model(input_ids=torch.tensor([rec["ids"]], device=self.device),
+                         output_hidden_states=True)
         feats = torch.cat([out.hidden_states[i + 1][0] for i in self.layer_ids], dim=-1)
         top = out.logits[0].topk(self.topk, dim=-1)  # [T, k]
         soft = (top.indices.int(), top.values.to(feats.dtype))
@@ -406,8 +431,9 @@ class DrafterTrainModule(nn.Module):
             z0s.append(z[n:, 0])  # [m, H]
             y0s.append(lab[n:, 0])  # [m]
             if soft is not None:  # label at x_{a+k+1}: the target's row after x_{a+k}
-                rows = (torch.tensor(list(anchors) + list(first))[:, None]
-                        + torch.arange(P)).clamp(max=len(ids) - 1)  # [n+m, P]
+                dev = soft[j][0].device
+                rows = (torch.tensor(list(anchors) + list(first), device=dev)[:, None]
+                        + torch.arange(P, device=dev)).clamp(max=len(ids) - 1)  # [n+m, P]
                 top_ids, top_logits = soft[j][0][rows].long(), soft[j][1][rows]  # [n+m, P, k]
                 tops[0].append(top_ids[:n])
                 tops[1].append(top_logits[:n])
@@ -419,6 +445,7 @@ class DrafterTrainModule(nn.Module):
         if self.drafter.copy_gate is not None:  # the copy path of a pointer drafter
             z0 = torch.cat(z0s)
             c, c0 = self._copies(items, P)  # (candidates, match lengths) [N, P] and [M]
+            c, c0 = [tuple(t.to(z.device) for t in pair) for pair in (c, c0)]
             gate = self.drafter.copy_gate
             copy = (c[0], gate(gate_inputs(z, c[1])).squeeze(-1),
                     c0[0], gate(gate_inputs(z0, c0[1])).squeeze(-1))
@@ -457,16 +484,18 @@ class DrafterTrainModule(nn.Module):
         its keys past L_j are masked out and its labels from position L_j - 1 on are IGNORE.
         """
         conf = self.drafter.conf
-        T, n = ids.shape[0], len(anchors)
-        a = torch.tensor(anchors)  # [n]
-        offs = torch.arange(B)
+        T, n, dev = ids.shape[0], len(anchors), ids.device
+        a = torch.tensor(anchors, device=dev)  # [n]
+        offs = torch.arange(B, device=dev)
         pos = (a[:, None] + offs).reshape(-1)  # [n*B] block positions
-        chain = torch.full((n, B), conf.mask_token_id, dtype=torch.long)
+        chain = torch.full((n, B), conf.mask_token_id, dtype=torch.long, device=dev)
         chain[:, 0] = ids[a]
-        ctx_kv = self.drafter.context_kv(feats, torch.arange(T))  # per layer k, v [T, Hkv, D]
+        if lengths is not None:
+            lengths = lengths.to(dev)
+        ctx_kv = self.drafter.context_kv(feats, torch.arange(T, device=dev))  # k, v [T, Hkv, D]
         # mask [n*B, T + n*B]: context positions < a (own anchor), and the own block, all of it
-        blk = torch.arange(n).repeat_interleave(B)  # [n*B] block index of each query
-        ctx_ok = torch.arange(T)[None, :] < a[blk][:, None]
+        blk = torch.arange(n, device=dev).repeat_interleave(B)  # [n*B] block index of each query
+        ctx_ok = torch.arange(T, device=dev)[None, :] < a[blk][:, None]
         own_ok = blk[:, None] == blk[None, :]
         if lengths is not None:  # a short block's queries see only its first L_j positions
             own_ok &= (offs.repeat(n) < lengths[blk])[None, :]
@@ -500,10 +529,27 @@ def lr_at(step: int, conf: TrainConfig) -> float:
     return conf.lr * (conf.min_lr_frac + (1 - conf.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def _dist() -> tuple[int, int]:
+def resolve_device(name: str) -> torch.device:
+    """auto -> cuda when torch sees one, else cpu; cuda -> this rank's GPU (LOCAL_RANK)."""
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise TrainConfigError("train: 'device' is cuda but torch sees no CUDA device")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+
+
+def dist_backend(device: torch.device) -> str:
+    """NCCL only when the tensors live on CUDA; gloo for CPU tensors, even on a GPU host
+    (NCCL cannot reduce CPU tensors)."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def _dist(device: torch.device | None = None) -> tuple[int, int]:
+    device = device if device is not None else torch.device("cpu")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        torch.distributed.init_process_group(backend)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        torch.distributed.init_process_group(dist_backend(device))
     if torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
@@ -567,7 +613,7 @@ def evaluate(module: DrafterTrainModule, feats: TargetFeatures, records: list[di
         for rec in records:
             g = torch.Generator().manual_seed(10_000_019 * (rec["id"] + 1))
             anchors = sample_anchors(rec["start"], len(rec["ids"]), conf.anchors, g)
-            ids = torch.tensor(rec["ids"])
+            ids = torch.tensor(rec["ids"], device=module.embed_weight.device)
             _, st = module([(ids, feats(rec), anchors)], 0.0, conf.gamma)
             if valid is None:
                 valid, correct_b, correct_f = st["valid"], st["correct_base"], st["correct_final"]
@@ -598,7 +644,7 @@ def rollout_tau(module: DrafterTrainModule, feats: TargetFeatures, records: list
     with torch.no_grad():
         for rec in records:
             g = torch.Generator().manual_seed(10_000_019 * (rec["id"] + 1))
-            ids = torch.tensor(rec["ids"])
+            ids = torch.tensor(rec["ids"], device=module.embed_weight.device)
             anchors = sample_anchors(rec["start"], len(rec["ids"]), conf.anchors, g)
             z, _, labels = module._blocks(ids, feats(rec), anchors, B)  # [n, B-1, H], [n, B-1]
             z = torch.cat((z, z[:, -1:]), dim=1)  # [n, B, H]: rollout reads z[:, :B-1] only
@@ -631,7 +677,8 @@ def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
     from domino_sglang.config import DEFAULT_CANDIDATE_POOL
     from domino_sglang.rollout import greedy_rollout
 
-    ids, f = torch.tensor(rec["ids"]), feats(rec)  # [T], [T, K*H]
+    ids = torch.tensor(rec["ids"], device=module.embed_weight.device)  # [T]
+    f = feats(rec)  # [T, K*H]
     T, B, head = len(ids), module.drafter.conf.block_size, _head_params(module)
     a, rounds = rec["start"], 0
     index = CopyIndex()  # a pointer drafter's, extended round by round as the worker's
@@ -663,7 +710,7 @@ def _pointer(module: DrafterTrainModule, histories: list[list[int]]) -> PointerC
     indexes = [CopyIndex() for _ in histories]
     for index, history in zip(indexes, histories):
         index.sync(history)
-    return PointerCopy(module.drafter.copy_gate, indexes, torch.device("cpu"))
+    return PointerCopy(module.drafter.copy_gate, indexes, module.embed_weight.device)
 
 
 def _head_params(module: DrafterTrainModule):
@@ -689,7 +736,10 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
     if conf.threads:
         torch.set_num_threads(conf.threads)
     owns_group = not torch.distributed.is_initialized()  # else the caller's to end
-    rank, world = _dist()
+    device = resolve_device(conf.device)
+    rank, world = _dist(device)
+    bf16 = conf.compute_dtype == "bfloat16" or (conf.compute_dtype == "auto"
+                                                and device.type == "cuda")
     out = Path(conf.out)
     target = Path(conf.target) if conf.target else target_dir()
     if not (target / "config.json").is_file():
@@ -697,7 +747,8 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
                                "(run domino-sglang prepare-target)")
     dcfg = _drafter_config(conf, target)
     out.mkdir(parents=True, exist_ok=True)
-    records = load_records(conf.data, conf.max_seq_len, conf.max_id, conf.skip_ids)
+    data, off_policy = prepare_data(Path(conf.data), target, out, conf.max_seq_len, rank, world)
+    records = load_records(data, conf.max_seq_len, conf.max_id, conf.skip_ids)
     held = records[-conf.eval_records:] if 0 < conf.eval_records < len(records) else []
     train_recs = records[: len(records) - len(held)]
     top = max(r["id"] for r in train_recs)  # the draft vocabulary's voters: not the held-out
@@ -727,18 +778,20 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
                 weights.update(warm_start_weights(target, dconf0))
             save_drafter(seed_dir, dcfg, weights, dtype=torch.float32)
     if rank == 0 and conf.draft_vocab and not (out / VOCAB_FILE).exists():  # fixed for resumes
-        write_draft_vocab(out, build_draft_vocab(conf.data, conf.draft_vocab, top, conf.skip_ids),
-                          source=Path(conf.data).name, max_id=top)
+        write_draft_vocab(out, build_draft_vocab(data, conf.draft_vocab, top, conf.skip_ids),
+                          source=Path(data).name, max_id=top)
     if world > 1:
         torch.distributed.barrier()
     dconf = load_draft_config(seed_dir)
-    drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).train()
+    drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32, device=device).train()
     feats = TargetFeatures(target, list(dconf.target_layer_ids), getattr(torch, conf.feature_dtype),
                            out / "features" if conf.feature_cache else None,
-                           conf.distill_topk if conf.distill else 0)
+                           conf.distill_topk if conf.distill else 0, device)
     vocab = (load_draft_vocab(out, dconf.vocab_size, honour_env=False) if conf.draft_vocab
              else None)  # [Vd] token ids
     export = {VOCAB_FILE: (out / VOCAB_FILE).read_text()} if vocab is not None else None
+    if vocab is not None:
+        vocab = vocab.to(device)
     module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight, vocab)
     gate = list(drafter.copy_gate.parameters()) if drafter.copy_gate is not None else []
     rest = [p for p in drafter.parameters() if all(p is not g for g in gate)]
@@ -750,13 +803,16 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
     step = 0
     ckpt = out / "checkpoint"
     if (ckpt / "state.pt").exists():
-        drafter.load_state_dict(torch.load(ckpt / "drafter.pt", weights_only=True))
-        state = torch.load(ckpt / "state.pt", weights_only=True)
+        drafter.load_state_dict(torch.load(ckpt / "drafter.pt", weights_only=True,
+                                           map_location=device))
+        state = torch.load(ckpt / "state.pt", weights_only=True, map_location=device)
         opt.load_state_dict(state["optimizer"])
         step = int(state["step"])
     ddp = module
     if world > 1:
-        ddp = nn.parallel.DistributedDataParallel(module, find_unused_parameters=True)
+        ddp = nn.parallel.DistributedDataParallel(
+            module, device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=True)
 
     bar = None
     if progress and rank == 0:
@@ -764,6 +820,16 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
 
         bar = tqdm(total=conf.steps, initial=step, desc="train", unit="step")
     log = (out / "log.jsonl").open("a") if rank == 0 else None
+    tb = _tensorboard(out) if rank == 0 and conf.report_to == "tensorboard" else None
+    if log is not None and step == 0:  # what this run trains on, where
+        log.write(json.dumps({"step": 0, "run": {
+            "data": str(data), "data_policy": "off-policy" if off_policy else "on-policy",
+            "device": str(device), "world": world, "backend": dist_backend(device)
+            if world > 1 else None, "bf16": bf16}}) + "\n")
+        log.flush()
+    if off_policy and rank == 0:
+        print(f"train: {conf.data} is used as written (off-policy: the answers are not the "
+              f"target's own; regenerate them for on-policy data)", flush=True)
     window: dict = {}
     if held and log is not None and step == 0:  # the starting point (an --init drafter's score)
         ev = {"step": 0, "eval": evaluate(module, feats, held, conf)}
@@ -781,15 +847,14 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
             g = torch.Generator().manual_seed(conf.seed * 1_000_003 + step * 7919 + rec["id"])
             anchors, first = sample_block_anchors(rec["start"], len(rec["ids"]), conf.anchors,
                                                   conf.first_anchors, g)
-            item = (torch.tensor(rec["ids"]), feats(rec), anchors, first)
+            item = (torch.tensor(rec["ids"], device=device), feats(rec), anchors, first)
             if conf.short_blocks > 0:  # drawn after the anchors: other runs' streams unchanged
                 item += (sample_draft_lengths(len(anchors) + len(first), conf.block_size,
                                               conf.short_blocks, g),)
             items.append(item)
             if soft is not None:
                 soft.append(feats.soft(rec))
-        with torch.autocast(next(drafter.parameters()).device.type, dtype=torch.bfloat16,
-                            enabled=conf.compute_dtype == "bfloat16"):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, st = ddp(items, lam, conf.gamma, soft, conf.distill,
                            conf.distill_temperature)
         opt.zero_grad(set_to_none=True)
@@ -806,6 +871,10 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
             entry = _summary(window, step, lam, lr_at(step - 1, conf))
             log.write(json.dumps(entry) + "\n")
             log.flush()
+            if tb is not None:
+                for key in ("loss", "lambda", "lr", "grad_norm", "ce_base", "ce_final",
+                            "tau_sim_base", "tau_sim_final"):
+                    tb.add_scalar(f"train/{key}", entry[key], step)
             if bar is not None:
                 bar.write(f"step {step}: loss {entry['loss']:.3f} tau_sim base "
                           f"{entry['tau_sim_base']:.2f} final {entry['tau_sim_final']:.2f} "
@@ -815,12 +884,16 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
             ev = {"step": step, "eval": evaluate(module, feats, held, conf)}
             log.write(json.dumps(ev) + "\n")
             log.flush()
+            if tb is not None:
+                for key, value in ev["eval"].items():
+                    if key.startswith("tau_"):
+                        tb.add_scalar(f"eval/{key}", value, step)
             if bar is not None:
                 bar.write(_eval_line(ev))
         if rank == 0 and (step % conf.save_every == 0 or step == conf.steps):
             _save_checkpoint(out, drafter, opt, step, conf)
-            save_drafter(out / "drafter", dcfg, drafter.state_dict(), dtype=torch.bfloat16,
-                         extra_files=export)
+            state = {k: v.cpu() for k, v in drafter.state_dict().items()}
+            save_drafter(out / "drafter", dcfg, state, dtype=torch.bfloat16, extra_files=export)
         if on_step is not None:
             on_step(step, drafter)
         if stop_at is not None and step >= stop_at:
@@ -829,6 +902,8 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
         bar.close()
     if log is not None:
         log.close()
+    if tb is not None:
+        tb.close()
     if world > 1:
         torch.distributed.barrier()
         if owns_group:  # a group left open can abort its process at exit (gloo, seen in CI)
@@ -973,3 +1048,69 @@ def _summary(window: dict, step: int, lam: float, lr: float) -> dict:
     acc_f = accuracies(window["valid"], window["correct_final"])
     return {"step": step, "lambda": lam, "lr": lr, **mean, "acc_base": acc_b, "acc_final": acc_f,
             "tau_sim_base": tau_sim(acc_b), "tau_sim_final": tau_sim(acc_f)}
+
+
+def _tensorboard(out: Path):
+    """A SummaryWriter on out/tensorboard, or None (with a note) when tensorboard is absent."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        print("train: report_to = tensorboard, but tensorboard is not installed "
+              "(pip install tensorboard); logging to log.jsonl only", flush=True)
+        return None
+    return SummaryWriter(str(out / "tensorboard"))
+
+
+def prepare_data(data: Path, target: Path, out: Path, max_seq_len: int, rank: int = 0,
+                 world: int = 1) -> tuple[Path, bool]:
+    """(records file, off_policy): a regenerated JSONL as is; conversations (conversations.py)
+    tokenised with the target's chat template into out/data-as-written.jsonl (rank 0 writes
+    it, once), to be trained on as written: off-policy."""
+    from domino_sglang.train.conversations import (
+        ConversationError,
+        is_records_file,
+        read_conversations,
+        written_records,
+    )
+
+    if not data.is_file():
+        raise TrainConfigError(f"train: data {data} not found")
+    try:
+        if is_records_file(data):
+            return data, False
+        dest = out / "data-as-written.jsonl"
+        if rank == 0 and not dest.exists():
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(target))
+            records = written_records(read_conversations(data), tokenizer, max_seq_len)
+            if not records:
+                raise TrainConfigError(f"train: {data} has no conversation ending with an "
+                                       "assistant answer")
+            tmp = dest.with_suffix(".partial")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+            tmp.replace(dest)
+    except ConversationError as exc:
+        raise TrainConfigError(f"train: {exc}") from exc
+    if world > 1:
+        torch.distributed.barrier()
+    return dest, True
+
+
+def target_defaults(target_cfg: dict) -> dict:
+    """Training defaults sized for a target's config.json (the lowest-priority config layer of
+    `domino-sglang train --target`): block 16, the paper's curriculum (lambda linear 1 -> 0 over
+    the whole run), draft layers ~ target layers / 7 (1..5: 5 for a 36-layer Qwen3-8B, as
+    upstream DFlash drafters have), as many target layers read as draft layers (at least 3, at
+    most the L-3 upstream's spread allows), picked by config.spread_layer_ids (the rule of
+    SGLang's dflash_utils.build_target_layer_ids: round(1 + k (L-4) / (n-1))), and the causal
+    head's GRU ~ hidden/2 (multiple of 64, 64..1024) with a correction rank of a quarter of it."""
+    try:
+        layers, hidden = int(target_cfg["num_hidden_layers"]), int(target_cfg["hidden_size"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TrainConfigError(f"train: the target's config.json lacks {exc}") from exc
+    num_layers = min(5, max(1, round(layers / 7)))
+    gru = min(1024, max(64, hidden // 2 // 64 * 64))
+    return {"block_size": 16, "lambda_decay_frac": 1.0, "num_layers": num_layers,
+            "num_features": max(1, min(max(3, num_layers), layers - 3)),
+            "gru_hidden_dim": gru, "emb_dim": max(16, gru // 4)}
