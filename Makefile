@@ -9,12 +9,9 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.domino-sglang-installed
 PORT    ?= 30000
 PYTEST_ARGS ?=
-# `make test` runs the suite in two pytest processes at once: the tests that start servers
-# (marked `server`) and the in-process rest. Servers use one torch thread and mostly wait on their
-# client, so the two lanes share the 2 cores, and only one lane ever has servers up (~2-3 GB
-# each). TEST_LANES=1: one process.
-TEST_LANES ?= 2
-PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=20
+# `make test` runs three pytest lanes at once (tests/lanes.py: two of server tests, one
+# in-process); TEST_LANES=1: one pytest process.
+TEST_LANES ?= 3
 HOST    ?= http://127.0.0.1:$(PORT)
 USERS   ?= 4
 DURATION ?= 60s
@@ -63,14 +60,9 @@ tools: venv
 test: target tools
 	$(BIN)/ruff check .
 ifeq ($(TEST_LANES),1)
-	$(PYTEST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20 $(PYTEST_ARGS)
 else
-	@d=$$(mktemp -d); echo "in-process lane (-m 'not server') -> $$d/log, printed at the end"; \
-	  $(PYTEST) --basetemp=$$d/inproc -m "not server" $(PYTEST_ARGS) > $$d/log 2>&1 & pid=$$!; \
-	  $(PYTEST) --basetemp=$$d/server -m server $(PYTEST_ARGS); s=$$?; wait $$pid; u=$$?; \
-	  echo "---- in-process lane (-m 'not server') ----"; cat $$d/log; rm -rf $$d; \
-	  echo "make test: server lane exit $$s, in-process lane exit $$u (5: nothing selected)"; \
-	  [ $$s = 0 -o $$s = 5 ] && [ $$u = 0 -o $$u = 5 ]
+	$(BIN)/python tests/lanes.py $(PYTEST_ARGS)
 endif
 
 test-fast: target
