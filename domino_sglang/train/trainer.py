@@ -112,6 +112,8 @@ class TrainConfig:
     #                          mixture of its draft distribution and the history's copy
     #                          candidate; an init drafter without a gate gets one (g ~ 0.12)
     copy_gate_lr_scale: float = 20.0  # the gate's learning rate is lr times this
+    strategy: str = "ddp"  # under torchrun: ddp (a replica per process) | fsdp (FSDP2: the
+    #                        target and the drafter sharded over the processes)
 
     def validate(self) -> TrainConfig:
         for key in ("data", "out"):
@@ -146,6 +148,8 @@ class TrainConfig:
                                    f"got {self.device!r}")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise TrainConfigError("train: 'device' is cuda but torch sees no CUDA device")
+        if self.strategy not in ("ddp", "fsdp"):
+            raise TrainConfigError(f"train: 'strategy' must be ddp or fsdp, got {self.strategy!r}")
         if self.report_to not in ("", "tensorboard"):
             raise TrainConfigError(f"train: 'report_to' must be '' or tensorboard, "
                                    f"got {self.report_to!r}")
@@ -199,6 +203,15 @@ def load_train_config(path: str | Path | None, overrides: dict | None = None,
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise TrainConfigError(f"train: cannot read config {path}: {exc}") from exc
     raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    if "phase" in raw:
+        raise TrainConfigError(f"train: {path} has [[phase]] tables: load it with "
+                               "train.recipe.load_recipe")
+    return config_from_dict(raw)
+
+
+def config_from_dict(raw: dict) -> TrainConfig:
+    """A validated TrainConfig from raw keys; unknown keys and wrong types are errors."""
+    raw = dict(raw)
     known = {f.name: f for f in fields(TrainConfig)}
     for key, value in raw.items():
         if key not in known:
