@@ -150,6 +150,12 @@ class TrainConfig:
             raise TrainConfigError("train: 'device' is cuda but torch sees no CUDA device")
         if self.strategy not in ("ddp", "fsdp"):
             raise TrainConfigError(f"train: 'strategy' must be ddp or fsdp, got {self.strategy!r}")
+        if self.strategy == "fsdp":
+            try:
+                from torch.distributed.fsdp import fully_shard  # noqa: F401
+            except ImportError as exc:
+                raise TrainConfigError(f"train: 'strategy' fsdp needs torch >= 2.6 (FSDP2 "
+                                       f"fully_shard); this is torch {torch.__version__}") from exc
         if self.strategy == "fsdp" and not self.feature_cache:
             raise TrainConfigError("train: 'strategy' fsdp needs 'feature_cache' (the sharded "
                                    "target's features are computed before the first step)")
