@@ -16,6 +16,10 @@ assumptions, the shipped 135M drafter's ratios scaled up):
   pointer    the backbone + greedy rollout with the device copy index (pointer.DevicePointerCopy)
   verify     greedy and sampled acceptance over random target logits [bs, B, V]
   copy index pointer.device_candidates against the host copy_table
+  train      a few AdamW steps of the drafter's training loss (train/trainer.DrafterTrainModule:
+             the block drafts, the base-anchored curriculum, the copy gate) on one fixed batch
+             of synthetic sequences, fp32 master weights under bf16 autocast on CUDA (as
+             `domino-sglang train` runs there): every loss finite, the last below the first
 Each draft variant is captured (graphs.StaticRunner) per batch size and its replay compared with
 eager (token ids equal; q max abs difference); then timed eager vs replay.
 
@@ -238,6 +242,70 @@ def check_copy_index(dims, device) -> dict:
     return {"equal_copy_table": ok, "bs32_one_position_ms": ms}
 
 
+TRAIN = dict(hidden=256, heads=4, kv_heads=2, head_dim=64, inter=512, vocab=4096, layers=2,
+             gru=64, emb=32, block=16, seqs=4, length=160, anchors=8, first=8, steps=8)
+TRAIN_QUICK = dict(hidden=32, heads=2, kv_heads=1, head_dim=16, inter=64, vocab=128, layers=1,
+                   gru=16, emb=8, block=4, seqs=2, length=40, anchors=4, first=4, steps=6)
+
+
+def check_train(dims: dict, device: torch.device) -> dict:
+    """`steps` AdamW steps of the training loss on one fixed batch (fp32 master weights, bf16
+    autocast on CUDA): losses finite and decreasing from the first step to the last. The
+    sequences are learnable (x_{t+1} = x_t + stride), the features random."""
+    from domino_sglang.config import DraftConfig
+    from domino_sglang.model import DominoDrafter
+    from domino_sglang.train.curriculum import lambda_at
+    from domino_sglang.train.trainer import DrafterTrainModule, sample_block_anchors
+
+    conf = DraftConfig(
+        path=Path("random"), block_size=dims["block"], hidden_size=dims["hidden"],
+        num_layers=dims["layers"], num_heads=dims["heads"], num_kv_heads=dims["kv_heads"],
+        head_dim=dims["head_dim"], intermediate_size=dims["inter"], rms_norm_eps=1e-6,
+        rope_theta=1e6, vocab_size=dims["vocab"], max_position_embeddings=4096,
+        target_layer_ids=(1, 2), mask_token_id=0, gru_hidden_dim=dims["gru"],
+        emb_dim=dims["emb"], copy_gate=True)
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    with torch.device(device):
+        drafter = DominoDrafter(conf).float().train()
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+    v, h, t = dims["vocab"], dims["hidden"], dims["length"]
+    embed = torch.randn(v, h, generator=g).to(device)  # [V, H]
+    lm_head = (0.1 * torch.randn(v, h, generator=g)).to(device)  # [V, H]
+    module = DrafterTrainModule(drafter, embed, lm_head)
+    items = []
+    for i in range(dims["seqs"]):
+        ids = (3 + i + (1 + i % 3) * torch.arange(t)) % v  # [T]
+        feats = torch.randn(t, 2 * h, generator=g)  # [T, K*H], K = 2 target layers
+        anchors, first = sample_block_anchors(8, t, dims["anchors"], dims["first"], g)
+        items.append((ids.to(device), feats.to(device), anchors, first))
+    opt = torch.optim.AdamW(drafter.parameters(), lr=3e-3, betas=(0.9, 0.95))
+    bf16 = device.type == "cuda"
+    losses = []
+    t0 = time.perf_counter()
+    for step in range(dims["steps"]):
+        lam = lambda_at(step, dims["steps"], 0.25)  # the curriculum: lambda 1 -> 0
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss, _ = module(items, lam, 7.0)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    finite = all(x == x and abs(x) != float("inf") for x in losses)
+    return {"steps": dims["steps"], "bf16_autocast": bf16, "losses": [round(x, 4) for x in losses],
+            "finite": finite, "decreased": finite and losses[-1] < losses[0],
+            "ms_per_step": round(1e3 * seconds / dims["steps"], 2)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), required=True)
@@ -267,10 +335,13 @@ def main(argv: list[str] | None = None) -> int:
                                                  if graphs else ""), flush=True)
         result["verify"].append(check_verify(dims, device, bs))
     result["copy_index"] = check_copy_index(dims, device)
+    result["train"] = check_train(TRAIN_QUICK if args.quick else TRAIN, device)
+    print(f"train: {result['train']}", flush=True)
     result["seconds"] = round(time.perf_counter() - started, 1)
     ok = (all(r["equal"] for r in result["draft"])
           and all(r["greedy_equal_cpu"] for r in result["verify"])
-          and result["copy_index"]["equal_copy_table"])
+          and result["copy_index"]["equal_copy_table"]
+          and result["train"]["decreased"])
     result["ok"] = ok
     print(f"verify: {result['verify']}\ncopy index: {result['copy_index']}\n"
           f"{'OK' if ok else 'FAILED'} in {result['seconds']} s", flush=True)

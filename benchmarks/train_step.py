@@ -5,7 +5,8 @@ cached target features (the run folder's features/, linked, so no target forward
 reports the median wall time of a step (forward, backward, optimiser) after a warm-up. The
 variants see the same records and anchors (the data order is a function of seed and step).
 
-    python benchmarks/train_step.py --recipe domino_sglang/train/recipes/smollm2-135m-stage9.toml
+    python benchmarks/train_step.py --recipe domino_sglang/train/recipes/smollm2-135m.toml \
+        --phase stage9
 """
 
 from __future__ import annotations
@@ -26,17 +27,35 @@ import provenance  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def time_steps(recipe: Path, features: Path, draft_vocab: int, steps: int, warmup: int,
-               scratch: Path) -> list[float]:
+def recipe_phase(recipe: Path, phase: str | None, overrides: dict | None = None):
+    """The TrainConfig of one phase of `recipe` (default: its last; a recipe without phases is
+    its own), with `overrides` on top."""
+    from domino_sglang.train.recipe import load_recipe
+
+    phases, _ = load_recipe(recipe, overrides)
+    if phase is None:
+        return phases[-1].conf
+    for p in phases:
+        if p.name == phase:
+            return p.conf
+    raise SystemExit(f"train_step: {recipe} has no phase {phase!r} "
+                     f"(phases: {', '.join(p.name for p in phases)})")
+
+
+def time_steps(recipe: Path, phase: str | None, features: Path, draft_vocab: int, steps: int,
+               warmup: int, scratch: Path) -> list[float]:
     """Seconds per step (after `warmup` steps) of `steps` trainer steps."""
-    from domino_sglang.train.trainer import load_train_config, train
+    from dataclasses import replace
+
+    from domino_sglang.train.trainer import train
 
     out = scratch / f"vocab-{draft_vocab}"
     out.mkdir(parents=True)
     (out / "features").symlink_to(features.resolve(), target_is_directory=True)
-    conf = load_train_config(recipe, {"out": str(out), "steps": steps, "draft_vocab": draft_vocab,
-                                      "eval_records": 0, "save_every": steps,
-                                      "log_every": steps})
+    conf = recipe_phase(recipe, phase, {"steps": steps, "draft_vocab": draft_vocab,
+                                        "eval_records": 0, "save_every": steps,
+                                        "log_every": steps})
+    conf = replace(conf, out=str(out))
     stamps: list[float] = []
     train(conf, progress=False, on_step=lambda step, _: stamps.append(time.perf_counter()))
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
@@ -46,6 +65,8 @@ def time_steps(recipe: Path, features: Path, draft_vocab: int, steps: int, warmu
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", type=Path, required=True, help="TOML recipe (data, init, sizes)")
+    ap.add_argument("--phase", default=None,
+                    help="the recipe's phase to time (default: its last)")
     ap.add_argument("--features", type=Path, default=None,
                     help="target feature cache to reuse (default: the recipe's out/features)")
     ap.add_argument("--variants", nargs="+", type=int, default=[0, 8192],
@@ -59,9 +80,7 @@ def main() -> None:
         ap.error("--steps must exceed --warmup by at least 3")
     if any(v < 0 for v in args.variants):
         ap.error("--variants must be >= 0")
-    from domino_sglang.train.trainer import load_train_config
-
-    recipe = load_train_config(args.recipe)
+    recipe = recipe_phase(args.recipe, args.phase)
     features = args.features or Path(recipe.out) / "features"
     if not features.is_dir():
         ap.error(f"--features {features} is not a folder (train the recipe once, or pass one)")
@@ -71,7 +90,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="train-step-") as tmp:
         for v in args.variants:
-            gaps = time_steps(args.recipe, features, v, args.steps, args.warmup, Path(tmp))
+            gaps = time_steps(args.recipe, args.phase, features, v, args.steps, args.warmup,
+                              Path(tmp))
             rows.append({"draft_vocab": v or "full", "median_s_per_step":
                          round(statistics.median(gaps), 3), "steps_timed": len(gaps)})
             print(json.dumps(rows[-1]), flush=True)

@@ -291,12 +291,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     import json
 
     from domino_sglang.hub import HubError, resolve_folder
-    from domino_sglang.train.trainer import (
-        TrainConfigError,
-        load_train_config,
-        target_defaults,
-        train,
-    )
+    from domino_sglang.train.recipe import load_recipe, phase_step, plan, run_recipe
+    from domino_sglang.train.trainer import TrainConfigError, target_defaults
 
     overrides = _parse_set(args.set or [])
     defaults: dict = {}
@@ -316,17 +312,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     for key in ("data", "out", "init"):
         if getattr(args, key) is not None:
             overrides[key] = str(getattr(args, key))
-    for key in ("steps", "device", "report_to"):
+    for key in ("steps", "device", "report_to", "strategy"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
     try:
-        conf = load_train_config(args.config, overrides, defaults)
-        if not conf.data or not Path(conf.data).is_file():
-            _fail(f"train: data {conf.data} not found (a regenerated JSONL, or conversations: "
-                  "ShareGPT JSON/JSONL or OpenAI chat JSONL)")
-        if args.resume and not (Path(conf.out) / "checkpoint" / "state.pt").is_file():
-            _fail(f"train: --resume, but {conf.out} has no checkpoint")
-        print(train(conf))
+        phases, root = load_recipe(args.config, overrides, defaults)
+        if args.plan:  # what would run, nothing trained (the data need not exist yet)
+            print(plan(phases, root))
+            return 0
+        for data in sorted({p.conf.data for p in phases}):
+            if not Path(data).is_file():
+                _fail(f"train: data {data} not found (a regenerated JSONL, or conversations: "
+                      "ShareGPT JSON/JSONL or OpenAI chat JSONL)")
+        if args.resume and not any(phase_step(p) for p in phases):
+            _fail(f"train: --resume, but {root or phases[0].conf.out} has no checkpoint")
+        print(run_recipe(phases, root))
     except TrainConfigError as exc:
         _fail(str(exc))
     return 0
@@ -457,7 +457,8 @@ def make_parser() -> argparse.ArgumentParser:
                    help="only records with id <= this (the training records)")
 
     t = sub.add_parser("train", help="train a Domino drafter (base-anchored curriculum)")
-    t.add_argument("--config", type=Path, default=None, help="TOML recipe (keys: TrainConfig)")
+    t.add_argument("--config", type=Path, default=None,
+                   help="TOML recipe (keys: TrainConfig; [[phase]] tables run in order)")
     t.add_argument("--data", type=Path, default=None,
                    help="regenerated JSONL, or conversations used as written (off-policy): "
                         "ShareGPT JSON/JSONL or OpenAI chat JSONL")
@@ -473,7 +474,12 @@ def make_parser() -> argparse.ArgumentParser:
                    help="require a checkpoint in --out to resume from (a run always resumes "
                         "one that is there)")
     t.add_argument("--init", type=Path, default=None, help="start from this drafter")
-    t.add_argument("--steps", type=int, default=None)
+    t.add_argument("--steps", type=int, default=None, help="steps (of every phase)")
+    t.add_argument("--strategy", choices=("ddp", "fsdp"), default=None,
+                   help="under torchrun: ddp (default; a replica per process) or fsdp (FSDP2: "
+                        "the target and the drafter sharded, for targets one device cannot hold)")
+    t.add_argument("--plan", action="store_true",
+                   help="print the recipe's phases (settings, init, progress) and exit")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
 
     s = sub.add_parser(

@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.py at small dimensions on the CPU (issue 64, item 5): it runs with SGLang
 unimportable, every check passes (static-buffer draft runner == the dynamic call for the
-backbone, greedy, sampled and pointer rollouts; verify; the device copy index), and the script
+backbone, greedy, sampled and pointer rollouts; verify; the device copy index; a few training
+steps whose loss decreases), and the script
 imports only torch and the standard library at module level."""
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def test_quick_cpu_run_passes_without_sglang(tmp_path):
     assert kinds == {(k, b) for k in ("backbone", "greedy", "sampled", "pointer")
                      for b in (1, 3)}
     assert all(r["greedy_equal_cpu"] for r in result["verify"])
+    train = result["train"]  # a few optimizer steps of the training loss: finite, decreasing
+    assert train["finite"] and train["decreased"] and len(train["losses"]) == train["steps"]
 
 
 def test_static_runner_reads_its_buffers_and_rejects_other_shapes():

@@ -112,6 +112,8 @@ class TrainConfig:
     #                          mixture of its draft distribution and the history's copy
     #                          candidate; an init drafter without a gate gets one (g ~ 0.12)
     copy_gate_lr_scale: float = 20.0  # the gate's learning rate is lr times this
+    strategy: str = "ddp"  # under torchrun: ddp (a replica per process) | fsdp (FSDP2: the
+    #                        target and the drafter sharded over the processes)
 
     def validate(self) -> TrainConfig:
         for key in ("data", "out"):
@@ -146,6 +148,17 @@ class TrainConfig:
                                    f"got {self.device!r}")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise TrainConfigError("train: 'device' is cuda but torch sees no CUDA device")
+        if self.strategy not in ("ddp", "fsdp"):
+            raise TrainConfigError(f"train: 'strategy' must be ddp or fsdp, got {self.strategy!r}")
+        if self.strategy == "fsdp":
+            try:
+                from torch.distributed.fsdp import fully_shard  # noqa: F401
+            except ImportError as exc:
+                raise TrainConfigError(f"train: 'strategy' fsdp needs torch >= 2.6 (FSDP2 "
+                                       f"fully_shard); this is torch {torch.__version__}") from exc
+        if self.strategy == "fsdp" and not self.feature_cache:
+            raise TrainConfigError("train: 'strategy' fsdp needs 'feature_cache' (the sharded "
+                                   "target's features are computed before the first step)")
         if self.report_to not in ("", "tensorboard"):
             raise TrainConfigError(f"train: 'report_to' must be '' or tensorboard, "
                                    f"got {self.report_to!r}")
@@ -199,6 +212,15 @@ def load_train_config(path: str | Path | None, overrides: dict | None = None,
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise TrainConfigError(f"train: cannot read config {path}: {exc}") from exc
     raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    if "phase" in raw:
+        raise TrainConfigError(f"train: {path} has [[phase]] tables: load it with "
+                               "train.recipe.load_recipe")
+    return config_from_dict(raw)
+
+
+def config_from_dict(raw: dict) -> TrainConfig:
+    """A validated TrainConfig from raw keys; unknown keys and wrong types are errors."""
+    raw = dict(raw)
     known = {f.name: f for f in fields(TrainConfig)}
     for key, value in raw.items():
         if key not in known:
@@ -326,7 +348,11 @@ class TargetFeatures:
 
     def __init__(self, target: str | Path, layer_ids: list[int], dtype: torch.dtype,
                  cache_dir: Path | None = None, topk: int = 0,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", shard: bool = False):
+        """shard: FSDP2 over the process group (strategy fsdp): each rank holds 1/world of every
+        decoder layer, gathered layer by layer as the forward reaches it; the embedding, final
+        norm and lm_head stay whole on every rank (the drafter's loss needs them anyway). A
+        sharded forward is collective: see precompute()."""
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(target), dtype=dtype)
@@ -336,8 +362,11 @@ class TargetFeatures:
         if not topk:
             n_keep = max(layer_ids) + 2  # keep one extra layer: the last output may be normed
             model.model.layers = model.model.layers[: min(n_keep, len(model.model.layers))]
-        model.to(self.device)  # only the layers kept
-        self.model, self.topk = model, topk
+        if shard:
+            shard_target(model, self.device)
+        else:
+            model.to(self.device)  # only the layers kept
+        self.model, self.topk, self.sharded = model, topk, shard
         self.embed_weight = model.get_input_embeddings().weight.detach().float()  # [V, H]
         self.lm_head_weight = model.get_output_embeddings().weight.detach().float()  # [V, H]
         self.cache_dir = cache_dir
@@ -376,6 +405,30 @@ class TargetFeatures:
         return feats
 
     @torch.no_grad()
+    def precompute(self, records: list[dict], rank: int, world: int) -> None:
+        """Cache every record's features (and top-k) in lockstep: a sharded target's forward is a
+        collective, so every rank runs the same number of forwards (rank r takes the r-th record
+        of each group of `world`; the last group is padded with a repeat). Afterwards the
+        training loop only reads the cache."""
+        def missing(rec: dict) -> bool:
+            return (self._cached(rec, "")[1] is None
+                    or bool(self.topk) and self._cached(rec, f".top{self.topk}")[1] is None)
+
+        torch.distributed.barrier()
+        todo = [rec for rec in records if missing(rec)]  # the same list on every rank
+        torch.distributed.barrier()
+        for i in range(0, len(todo), world):
+            rec = todo[min(i + rank, len(todo) - 1)]
+            if self.topk:
+                self._forward(rec)
+            else:
+                ids = torch.tensor([rec["ids"]], device=self.device)
+                hs = self.model.model(input_ids=ids, output_hidden_states=True).hidden_states
+                self._store(self._cached(rec, "")[0],
+                            torch.cat([hs[j + 1][0] for j in self.layer_ids], dim=-1))
+        torch.distributed.barrier()
+
+    @torch.no_grad()
     def soft(self, rec: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """The target's top-k at every position of `rec`: (token ids [T, k] int32, logits
         [T, k] in the feature dtype); row t is the distribution of the token after x_t."""
@@ -393,6 +446,39 @@ class TargetFeatures:
             self._store(path, feats.clone())
         self._store(self._cached(rec, f".top{self.topk}")[0], soft)
         return feats, soft
+
+
+def shard_target(model: nn.Module, device: torch.device) -> None:
+    """FSDP2 (`fully_shard`) on each decoder layer of a transformers causal LM; its other
+    children (embedding, rotary, final norm, lm_head) move to `device` whole. Assumes the usual
+    layout model.model.layers (every causal LM transformers ships for SGLang targets)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    for parent in (model, model.model):
+        for name, child in parent.named_children():
+            if name not in ("model", "layers"):
+                child.to(device)
+
+
+def _full_state(module: nn.Module) -> dict:
+    """The drafter's full state dict, gathered from an FSDP-sharded training module onto rank 0's
+    CPU (a collective: every rank calls it; the other ranks get {})."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True,
+                                                                  cpu_offload=True))
+    return {k.removeprefix("drafter."): v for k, v in full.items()}
+
+
+def _full_optim_state(module: nn.Module, opt: torch.optim.Optimizer) -> dict:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(module, opt, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=True))
 
 
 # ---- the model under training ----
@@ -587,15 +673,17 @@ def add_copy_gate(weights: dict, hidden: int, bias: float = -2.0) -> dict:
 
 
 def _save_checkpoint(out: Path, model: DominoDrafter, opt: torch.optim.Optimizer, step: int,
-                     conf: TrainConfig) -> None:
+                     conf: TrainConfig, model_state: dict | None = None,
+                     opt_state: dict | None = None) -> None:
     """out/checkpoint/{drafter.pt,state.pt} replaced atomically (temp folder, then rename)."""
     import shutil
 
     tmp = out / f".checkpoint.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    torch.save(model.state_dict(), tmp / "drafter.pt")
-    torch.save({"optimizer": opt.state_dict(), "step": step, "config": asdict(conf)},
+    torch.save(model.state_dict() if model_state is None else model_state, tmp / "drafter.pt")
+    torch.save({"optimizer": opt.state_dict() if opt_state is None else opt_state, "step": step,
+                "config": asdict(conf), "strategy": "ddp" if opt_state is None else "fsdp"},
                tmp / "state.pt")
     final = out / "checkpoint"
     old = out / f".checkpoint.old-{os.getpid()}"
@@ -738,6 +826,7 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
     owns_group = not torch.distributed.is_initialized()  # else the caller's to end
     device = resolve_device(conf.device)
     rank, world = _dist(device)
+    fsdp = conf.strategy == "fsdp" and world > 1  # one process: nothing to shard over
     bf16 = conf.compute_dtype == "bfloat16" or (conf.compute_dtype == "auto"
                                                 and device.type == "cuda")
     out = Path(conf.out)
@@ -786,13 +875,39 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
     drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32, device=device).train()
     feats = TargetFeatures(target, list(dconf.target_layer_ids), getattr(torch, conf.feature_dtype),
                            out / "features" if conf.feature_cache else None,
-                           conf.distill_topk if conf.distill else 0, device)
+                           conf.distill_topk if conf.distill else 0, device, shard=fsdp)
+    if fsdp:  # the sharded target's forwards are collective: all of them before the loop
+        feats.precompute(train_recs + held, rank, world)
     vocab = (load_draft_vocab(out, dconf.vocab_size, honour_env=False) if conf.draft_vocab
              else None)  # [Vd] token ids
     export = {VOCAB_FILE: (out / VOCAB_FILE).read_text()} if vocab is not None else None
     if vocab is not None:
         vocab = vocab.to(device)
     module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight, vocab)
+    step, state = 0, None
+    ckpt = out / "checkpoint"
+    if (ckpt / "state.pt").exists():
+        state = torch.load(ckpt / "state.pt", weights_only=True, map_location=device)
+        if state.get("strategy", "ddp") != ("fsdp" if fsdp else "ddp"):
+            raise TrainConfigError(f"train: the checkpoint in {ckpt} was written by strategy "
+                                   f"{state.get('strategy', 'ddp')} (fsdp: under torchrun); "
+                                   "resume it with that strategy")
+        drafter.load_state_dict(torch.load(ckpt / "drafter.pt", weights_only=True,
+                                           map_location=device))
+        step = int(state["step"])
+    replica = None  # fsdp: rank 0's whole copy of the drafter, for the held-out evaluation
+    if fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        if rank == 0:
+            replica = DrafterTrainModule(
+                DominoDrafter.from_pretrained(dconf, dtype=torch.float32, device=device).eval(),
+                feats.embed_weight, feats.lm_head_weight, vocab)
+        # one FSDP unit: the forward (module.forward) gathers the drafter whole and the backward
+        # reduce-scatters its gradients (averaged over ranks, as DDP), so each rank keeps 1/world
+        # of the parameters, gradients and AdamW state between steps
+        fully_shard(module, mesh=init_device_mesh(device.type, (world,)))
     gate = list(drafter.copy_gate.parameters()) if drafter.copy_gate is not None else []
     rest = [p for p in drafter.parameters() if all(p is not g for g in gate)]
     groups = [{"params": rest, "lr_scale": 1.0}]
@@ -800,19 +915,31 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
         groups.append({"params": gate, "lr_scale": conf.copy_gate_lr_scale, "weight_decay": 0.0})
     opt = torch.optim.AdamW(groups, lr=conf.lr, weight_decay=conf.weight_decay,
                             betas=(0.9, 0.95))
-    step = 0
-    ckpt = out / "checkpoint"
-    if (ckpt / "state.pt").exists():
-        drafter.load_state_dict(torch.load(ckpt / "drafter.pt", weights_only=True,
-                                           map_location=device))
-        state = torch.load(ckpt / "state.pt", weights_only=True, map_location=device)
+    if state is not None and fsdp:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        set_optimizer_state_dict(module, opt, state["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
+    elif state is not None:
         opt.load_state_dict(state["optimizer"])
-        step = int(state["step"])
     ddp = module
-    if world > 1:
+    if world > 1 and not fsdp:
         ddp = nn.parallel.DistributedDataParallel(
             module, device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=True)
+
+    def held_out_eval() -> dict | None:
+        """The evaluation on rank 0 (None elsewhere); under fsdp every rank must call it."""
+        if not fsdp:
+            return evaluate(module, feats, held, conf) if rank == 0 else None
+        full = _full_state(module)
+        if rank != 0:
+            return None
+        replica.drafter.load_state_dict(full)
+        return evaluate(replica, feats, held, conf)
 
     bar = None
     if progress and rank == 0:
@@ -831,10 +958,11 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
         print(f"train: {conf.data} is used as written (off-policy: the answers are not the "
               f"target's own; regenerate them for on-policy data)", flush=True)
     window: dict = {}
-    if held and log is not None and step == 0:  # the starting point (an --init drafter's score)
-        ev = {"step": 0, "eval": evaluate(module, feats, held, conf)}
-        log.write(json.dumps(ev) + "\n")
-        log.flush()
+    if held and step == 0:  # the starting point (an --init drafter's score)
+        ev = {"step": 0, "eval": held_out_eval()}
+        if log is not None:
+            log.write(json.dumps(ev) + "\n")
+            log.flush()
         if bar is not None:
             bar.write(_eval_line(ev))
     while step < conf.steps:
@@ -860,6 +988,8 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), conf.grad_clip)
+        if hasattr(gnorm, "full_tensor"):  # fsdp: a DTensor over the ranks' shards
+            gnorm = gnorm.full_tensor()
         opt.step()
         step += 1
         loss_value = float(loss.detach())
@@ -880,8 +1010,10 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
                           f"{entry['tau_sim_base']:.2f} final {entry['tau_sim_final']:.2f} "
                           f"acc {' '.join(f'{a:.2f}' for a in entry['acc_final'][:6])}")
             window = {}
+        if held and (step % conf.eval_every == 0 or step == conf.steps) and (
+                log is not None or fsdp):
+            ev = {"step": step, "eval": held_out_eval()}
         if held and log is not None and (step % conf.eval_every == 0 or step == conf.steps):
-            ev = {"step": step, "eval": evaluate(module, feats, held, conf)}
             log.write(json.dumps(ev) + "\n")
             log.flush()
             if tb is not None:
@@ -890,10 +1022,15 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
                         tb.add_scalar(f"eval/{key}", value, step)
             if bar is not None:
                 bar.write(_eval_line(ev))
-        if rank == 0 and (step % conf.save_every == 0 or step == conf.steps):
-            _save_checkpoint(out, drafter, opt, step, conf)
-            state = {k: v.cpu() for k, v in drafter.state_dict().items()}
-            save_drafter(out / "drafter", dcfg, state, dtype=torch.bfloat16, extra_files=export)
+        if step % conf.save_every == 0 or step == conf.steps:
+            full = opt_full = None
+            if fsdp:  # gathered by every rank, written by rank 0
+                full, opt_full = _full_state(module), _full_optim_state(module, opt)
+            if rank == 0:
+                _save_checkpoint(out, drafter, opt, step, conf, full, opt_full)
+                weights = full if fsdp else {k: v.cpu() for k, v in drafter.state_dict().items()}
+                save_drafter(out / "drafter", dcfg, weights, dtype=torch.bfloat16,
+                             extra_files=export)
         if on_step is not None:
             on_step(step, drafter)
         if stop_at is not None and step >= stop_at:
