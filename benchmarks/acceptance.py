@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 
 from domino_sglang import data  # noqa: E402
+from domino_sglang.bench.stats import vs_ar  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 from domino_sglang.local_server import sse_chunks, start_server  # noqa: E402
 
@@ -167,21 +168,6 @@ def summarize(rows: list[dict], expected: int) -> dict:
             "decode_tok_s": round(tokens / decode_s, 2) if decode_s and len(runs) == 1 else None,
             "runs": runs,
             "accept_by_position": [round(a / rounds, 4) for a in accepted] if rounds else []}
-
-
-def vs_ar(rows: list[dict], ar_rows: list[dict]) -> tuple[float | None, int]:
-    """Decode speed over AR's on the prompts both answered in one run: (ratio, pairs).
-
-    A pair is one prompt answered by both servers of a run (back to back with --paired):
-    ratios from pairs survive a machine that speeds up or slows down between runs.
-    """
-    ar = {(r["i"], r["run"]): r for r in ar_rows}
-    pairs = [(r, ar[(r["i"], r["run"])]) for r in rows if (r["i"], r["run"]) in ar]
-    own_s, ar_s = sum(r["decode_s"] for r, _ in pairs), sum(a["decode_s"] for _, a in pairs)
-    if not pairs or not own_s or not ar_s:
-        return None, len(pairs)
-    own = sum(r["tokens"] for r, _ in pairs) / own_s
-    return own / (sum(a["tokens"] for _, a in pairs) / ar_s), len(pairs)
 
 
 def plot(results: dict, methods: list[str], path: Path) -> None:

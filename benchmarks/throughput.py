@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 from serving import RESULTS, mixed_prompts, one_request, run_point  # noqa: E402
 
+from domino_sglang.bench.stats import paired_cell, paired_speedup  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 from domino_sglang.local_server import start_server  # noqa: E402
 
@@ -62,40 +63,6 @@ METHODS: dict[str, tuple[list[str], dict[str, str]]] = {
     "domino-l3": (["--drafter", "{drafter}"], {"DOMINO_DRAFT_LEN": "3"}),
     "domino-l4": (["--drafter", "{drafter}"], {"DOMINO_DRAFT_LEN": "4"}),
 }
-
-
-def paired_speedup(runs: list[dict], method: str, temperature: float, concurrency: int,
-                   confidence: float = 0.9) -> dict:
-    """The speed-up of `method` over AR at one point from paired runs: each repeat measures the
-    methods back to back, so the ratio of the two runs of one repeat cancels the machine's slow
-    drift, which the ratio of medians does not. Returned: the geometric mean of the n paired
-    ratios r_i and a Student-t interval on their logs,
-        exp(mean(log r) +- t_{(1+confidence)/2, n-1} * sd(log r) / sqrt(n)),
-    and the ratios themselves."""
-    from scipy.stats import t as student_t
-
-    def by_repeat(m: str) -> dict[int, float]:
-        return {r["repeat"]: r["output_tok_s"] for r in runs
-                if (r["method"], r["temperature"], r["concurrency"]) == (m, temperature,
-                                                                          concurrency)}
-
-    mine, ar = by_repeat(method), by_repeat("ar")
-    ratios = [mine[i] / ar[i] for i in sorted(mine.keys() & ar.keys())]
-    if len(ratios) < 2:
-        raise ValueError(f"paired_speedup: {method} at T = {temperature}, c = {concurrency} "
-                         f"has {len(ratios)} run(s) paired with AR, needs 2")
-    logs = [math.log(x) for x in ratios]
-    mean, sd, n = statistics.fmean(logs), statistics.stdev(logs), len(logs)
-    half = student_t.ppf((1 + confidence) / 2, n - 1) * sd / math.sqrt(n)
-    return {"geomean": round(math.exp(mean), 3), "ci_low": round(math.exp(mean - half), 3),
-            "ci_high": round(math.exp(mean + half), 3), "confidence": confidence,
-            "ratios": [round(x, 3) for x in ratios]}
-
-
-def paired_cell(paired: dict | None) -> str:
-    if paired is None:
-        return ""
-    return f"{paired['geomean']} [{paired['ci_low']}, {paired['ci_high']}]"
 
 
 def plot(rows: list[dict], path: Path) -> None:
