@@ -18,12 +18,11 @@ def eval_records(name: str, limit: int, max_tokens: int, url: str | None, max_se
     first: a batched bf16 server's greedy answers differ from machine to machine (one session's
     MT-Bench answers replayed stage 26 at 1.611, another's at 1.739), so figures compare across
     sessions only on the same answers. Prompts they lack are answered by a plain server (`url`,
-    or one started here). An answer cached for another prompt (the set or the chat template
-    changed) raises ValueError naming the file."""
+    or one started here from a checkout). An answer cached for another prompt (the set or the
+    chat template changed) raises ValueError naming the file."""
     from transformers import AutoTokenizer
 
     from domino_sglang import data
-    from domino_sglang.local_server import start_server
     from domino_sglang.paths import target_dir
     from domino_sglang.train.regenerate import (
         RegenConfig,
@@ -47,6 +46,12 @@ def eval_records(name: str, limit: int, max_tokens: int, url: str | None, max_se
     if todo and url:
         regenerate(url.rstrip("/"), todo, out, conf, progress=False)
     elif todo:
+        try:
+            from domino_sglang.local_server import start_server
+        except ImportError as exc:
+            raise ValueError(f"{len(todo)} {name} answers are missing from {out} and no url was "
+                             "given (domino_sglang/local_server.py, which starts a server, is "
+                             "not in the wheel)") from exc
         serve = ["--no-speculation", "--model-path", str(target_dir())]
         with start_server("eval-answers", serve, []) as server:
             regenerate(server.url, todo, out, conf, progress=False)
