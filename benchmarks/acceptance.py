@@ -16,9 +16,9 @@ takes the first N of each set (this CPU decodes ~7 tok/s). Per dataset and metho
     decode tok/s   completion tokens / time after the first token, over the whole set (c = 1)
 
 "DOMINO backbone-only" is the same checkpoint with the head switched off (DOMINO_HEAD=0): the
-DFlash baseline; for a pointer drafter (pointer.py) its copy path stays on, and "DOMINO head and
-copy off" (`bare`, DOMINO_COPY=0 too) is the baseline proper. All of these verify the full block
-every round (DOMINO_ADAPTIVE=0) drafted by the drafter alone (DOMINO_LOOKUP=0). "DOMINO +
+DFlash baseline; for a pointer drafter (pointer.py) its copy path stays on, and "DOMINO head
+and copy off" (`domino-bare`, DOMINO_COPY=0 too) is the baseline proper. All of these verify the
+full block every round (DOMINO_ADAPTIVE=0) drafted by the drafter alone (DOMINO_LOOKUP=0). "DOMINO +
 lookup" adds prompt lookup (lookup.py: a request whose last tokens recur in its own history
 verifies the copy instead); "DOMINO adaptive" is the default
 server (lookup on), whose policy may verify fewer tokens, down to plain decoding rounds.
@@ -36,9 +36,11 @@ and each prompt is answered by all of them back to back (the order rotating per 
 ratio holds on a machine whose speed drifts, and across `--resume`d runs on other machines.
 
     python benchmarks/acceptance.py --limit 10 --max-tokens 128
-    python benchmarks/acceptance.py --methods domino backbone --out acceptance_full --resume
+    python benchmarks/acceptance.py --methods domino-drafter domino-backbone --out acceptance_full \
+        --resume
     python benchmarks/acceptance.py --out acceptance_full --report-only   # tables from the log
-    python benchmarks/acceptance.py --methods ar adaptive --paired --out acceptance_full_speed
+    python benchmarks/acceptance.py --methods ar domino-adaptive --paired \
+        --out acceptance_full_speed
 """
 
 from __future__ import annotations
@@ -56,45 +58,19 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+from methods import CHOICES, METHODS, canonical  # noqa: E402
 
 from domino_sglang import data  # noqa: E402
+from domino_sglang.bench.stats import vs_ar  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 from domino_sglang.local_server import sse_chunks, start_server  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DATASETS = {"mtbench": 80, "humaneval": 164, "gsm8k": 200}
 
-# method -> (label, `domino-sglang serve` flags ({drafter} filled in), extra environment)
-METHODS: dict[str, tuple[str, list[str], dict[str, str]]] = {
-    "ar": ("AR", ["--no-speculation"], {}),
-    "ngram": ("NGRAM", ["--no-speculation", "--", "--speculative-algorithm", "NGRAM",
-                        "--speculative-num-draft-tokens", "{block}"], {}),
-    # acceptance is a property of the drafter: the full block is verified every round, drafted
-    # by the drafter alone (no prompt lookup)
-    "backbone": ("DOMINO head off", ["--drafter", "{drafter}"],
-                 {"DOMINO_HEAD": "0", "DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}),
-    # a pointer drafter's backbone without its copy path either: the DFlash baseline proper
-    # (the same as "backbone" for a drafter without a copy gate)
-    "bare": ("DOMINO head and copy off", ["--drafter", "{drafter}"],
-             {"DOMINO_HEAD": "0", "DOMINO_COPY": "0", "DOMINO_ADAPTIVE": "0",
-              "DOMINO_LOOKUP": "0"}),
-    "domino": ("DOMINO", ["--drafter", "{drafter}"],
-               {"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}),
-    # a pointer drafter's head without its copy path (the 2 x 2 of head and copy)
-    "nocopy": ("DOMINO copy off", ["--drafter", "{drafter}"],
-               {"DOMINO_COPY": "0", "DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}),
-    # the same, sampled drafts at the request's own temperature (draft_temperature_scale 1;
-    # the shipped drafter samples at 0.6 T): differs from "domino" at --temperature > 0 only
-    "domino-s1": ("DOMINO at T", ["--drafter", "{drafter}"],
-                  {"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0",
-                   "DOMINO_DRAFT_TEMPERATURE_SCALE": "1"}),
-    # the full block, copied from the request's own history where its last tokens recur
-    # (lookup.py; then no draft pass and L = 1 + the copy)
-    "lookup": ("DOMINO + lookup", ["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "0"}),
-    # as served by default: lookup, and policy.py may verify fewer tokens (down to plain
-    # decoding)
-    "adaptive": ("DOMINO adaptive", ["--drafter", "{drafter}"], {}),
-}
+# the methods a run serves by default (benchmarks/methods.py; --methods picks others)
+DEFAULT_METHODS = ["ar", "ngram", "domino-backbone", "domino-bare", "domino-drafter",
+                   "domino-nocopy", "domino-drafter-s1", "domino-fixed", "domino-adaptive"]
 
 
 # One answer of --max-tokens before the sets, in every method's server: the adaptive policy
@@ -169,21 +145,6 @@ def summarize(rows: list[dict], expected: int) -> dict:
             "accept_by_position": [round(a / rounds, 4) for a in accepted] if rounds else []}
 
 
-def vs_ar(rows: list[dict], ar_rows: list[dict]) -> tuple[float | None, int]:
-    """Decode speed over AR's on the prompts both answered in one run: (ratio, pairs).
-
-    A pair is one prompt answered by both servers of a run (back to back with --paired):
-    ratios from pairs survive a machine that speeds up or slows down between runs.
-    """
-    ar = {(r["i"], r["run"]): r for r in ar_rows}
-    pairs = [(r, ar[(r["i"], r["run"])]) for r in rows if (r["i"], r["run"]) in ar]
-    own_s, ar_s = sum(r["decode_s"] for r, _ in pairs), sum(a["decode_s"] for _, a in pairs)
-    if not pairs or not own_s or not ar_s:
-        return None, len(pairs)
-    own = sum(r["tokens"] for r, _ in pairs) / own_s
-    return own / (sum(a["tokens"] for _, a in pairs) / ar_s), len(pairs)
-
-
 def plot(results: dict, methods: list[str], path: Path) -> None:
     import matplotlib
 
@@ -197,11 +158,11 @@ def plot(results: dict, methods: list[str], path: Path) -> None:
         # a set with no answers yet has no bar (not a tau-1.0 one)
         taus = [results[m][s]["tau"] if results[m][s]["requests"] else float("nan")
                 for s in sets]
-        ax1.bar([j + i * width for j in range(len(sets))], taus, width, label=METHODS[m][0])
+        ax1.bar([j + i * width for j in range(len(sets))], taus, width, label=METHODS[m].label)
         for s in sets:
             pos = results[m][s]["accept_by_position"]
             if pos:
-                ax2.plot(range(1, len(pos) + 1), pos, marker="o", label=f"{METHODS[m][0]} {s}")
+                ax2.plot(range(1, len(pos) + 1), pos, marker="o", label=f"{METHODS[m].label} {s}")
     ax1.set_xticks([j + 0.4 - width / 2 for j in range(len(sets))], sets)
     ax1.set_ylabel("tau (tokens per verify round)")
     ax1.legend()
@@ -227,14 +188,15 @@ def load_log(path: Path, settings: dict) -> tuple[list[dict], list[dict]]:
             raise SystemExit(f"error: --resume: {path} was run with other settings ({was})")
         if "run" in rec and "provenance" in rec:
             runs.append(rec)
-        elif "method" in rec:
-            rows.append(rec)
+        elif "method" in rec:  # logs from before benchmarks/methods.py: old names mapped
+            rows.append({**rec, "method": canonical(rec["method"])})
     return runs, rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=CHOICES,
+                    help="names in benchmarks/methods.py (old names accepted)")
     ap.add_argument("--limit", type=int, default=0, help="first N prompts per set (0 = all)")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--drafter", default=None, help="drafter folder (default: the shipped one)")
@@ -253,6 +215,7 @@ def main() -> None:
                     help="serve every method at once and ask each prompt of all of them in turn "
                          "(speed ratios that survive a noisy machine and --resume)")
     args = ap.parse_args()
+    args.methods = list(dict.fromkeys(canonical(m) for m in args.methods))
     if args.limit < 0 or args.max_tokens < 1 or args.temperature < 0:
         ap.error("--limit must be >= 0, --max-tokens >= 1 and --temperature >= 0")
 
@@ -296,13 +259,11 @@ def main() -> None:
             for m in group:
                 if not any((m, s, i) not in done for s, ids in todo.items() for i in ids):
                     continue
-                label, flags, env = METHODS[m]
-                flags = [f.format(drafter=drafter, block=args.block_size) for f in flags]
-                cut = flags.index("--") if "--" in flags else len(flags)
-                serve, sglang = flags[:cut] + ["--dtype", args.dtype], flags[cut + 1:]
+                serve, sglang = METHODS[m].server_args(drafter, args.dtype, args.block_size)
                 try:
                     servers[m] = stack.enter_context(start_server(
-                        f"accept-{m}", serve, sglang, threads=args.threads, env=env))
+                        f"accept-{m}", serve, sglang, threads=args.threads,
+                        env=dict(METHODS[m].env)))
                 except RuntimeError as exc:  # recorded, and the other methods still run
                     print(f"{m}: server failed to start: {str(exc)[:300]}", flush=True)
             for server in servers.values():
@@ -364,7 +325,7 @@ def write_report(out_name: str, settings: dict, runs: list[dict], rows: list[dic
                 f" ({pairs} of {r['requests']})" if pairs < r["requests"] else "")
             pos = " ".join(f"{p:.2f}" for p in r["accept_by_position"][:4])
             quart = " / ".join(f"{q:.2f}" for q in r["tau_quartiles"])
-            lines.append(f"| {s} | {METHODS[m][0]} | {r['requests']} of {r['of']} | {r['tau']} "
+            lines.append(f"| {s} | {METHODS[m].label} | {r['requests']} of {r['of']} | {r['tau']} "
                          f"| {quart} | {r['decode_tok_s'] or ''} | {speed} | {pos} |")
     if len(runs) > 1:
         lines += ["", "decode tok/s only where a set was measured in one run; vs AR over the "

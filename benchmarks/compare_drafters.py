@@ -32,6 +32,7 @@ from domino_sglang.config import DraftConfig, load_draft_config
 from domino_sglang.cpu.dtype import default_cpu_dtype
 from domino_sglang.model import DominoDrafter
 from domino_sglang.paths import target_dir
+from domino_sglang.train import evalset
 from domino_sglang.train.trainer import (
     DrafterTrainModule,
     TargetFeatures,
@@ -168,49 +169,14 @@ def print_round_changes(all_rounds: dict[Path, list[int]]) -> None:
 
 def eval_records(name: str, limit: int, max_tokens: int, url: str | None, max_seq_len: int
                  ) -> list[dict]:
-    """The target's greedy answers to the first `limit` prompts of an evaluation set, as
-    training-style records (cached: ~/.cache/domino_sglang/data/eval-NAME-greedyN.jsonl).
+    """evalset.eval_records with this checkout's answers in git (EVAL_SNAPSHOTS) and the
+    training data's cache folder; a stale cached answer ends the run naming the file."""
+    try:
+        return evalset.eval_records(name, limit, max_tokens, url, max_seq_len,
+                                    DEFAULT_DATA.parent, EVAL_SNAPSHOTS)
+    except ValueError as exc:
+        raise SystemExit(f"compare_drafters: {exc}") from exc
 
-    The answers kept in git (EVAL_SNAPSHOTS, regenerate.py "Snapshot") come first: a batched
-    bf16 server's greedy answers differ from machine to machine (one session's MT-Bench answers
-    replayed stage 26 at 1.611, another's at 1.739), so figures compare across sessions only on
-    the same answers. Prompts the snapshot lacks are answered by a plain server (`url`, or one
-    started here). An answer cached for another prompt (the set or the template changed) is an
-    error naming the file."""
-    from transformers import AutoTokenizer
-
-    from domino_sglang import data
-    from domino_sglang.local_server import start_server
-    from domino_sglang.train.regenerate import (
-        RegenConfig,
-        chat_prompt_ids,
-        read_records,
-        recover,
-        regenerate,
-        restore_snapshot,
-    )
-
-    tok = AutoTokenizer.from_pretrained(str(target_dir()))
-    items = [(i, chat_prompt_ids(tok, p)) for i, p in enumerate(data.load(name, limit))]
-    out = DEFAULT_DATA.parent / f"eval-{name}-greedy{max_tokens}.jsonl"
-    snapshot = EVAL_SNAPSHOTS / f"{out.name}.gz"
-    if snapshot.exists():
-        restore_snapshot(snapshot, out)
-    done = recover(out)
-    todo = [item for item in items if item[0] not in done]
-    conf = RegenConfig(max_new_tokens=max_tokens, concurrency=max(1, min(32, len(todo))))
-    if todo and url:
-        regenerate(url.rstrip("/"), todo, out, conf, progress=False)
-    elif todo:
-        serve = ["--no-speculation", "--model-path", str(target_dir())]
-        with start_server("compare_drafters", serve, []) as server:
-            regenerate(server.url, todo, out, conf, progress=False)
-    cached = {r["id"]: r["prompt_ids"] for r in read_records(out)}
-    for i, prompt_ids in items:
-        if cached[i] != prompt_ids:
-            raise SystemExit(f"compare_drafters: {out}: answer {i} was generated for another "
-                             f"prompt than {name}'s prompt {i} (delete the file to regenerate)")
-    return [r for r in load_records(out, max_seq_len) if r["id"] < limit]
 
 if __name__ == "__main__":
     main()

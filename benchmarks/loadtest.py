@@ -27,39 +27,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import provenance  # noqa: E402
 
+from domino_sglang.bench.loadgen import domino_deltas, load_prompt_file, parse_domino_counters  # noqa: E402
+
 LOCUSTFILE = HERE / "locustfile.py"
 DEFAULT_OUT = HERE / "results" / "loadtest"
 
 
 def scrape_domino(host: str) -> dict[str, float]:
-    """The server's domino_ counters from /metrics: {name or name{label}: value}, summed over
-    model_name (one server, or a router's replicas scraped one by one)."""
-    out: dict[str, float] = {}
-    text = requests.get(f"{host}/metrics", timeout=30).text
-    for line in text.splitlines():
-        if not line.startswith("domino_") or "_bucket{" in line:
-            continue
-        series, value = line.rsplit(" ", 1)
-        name, _, labels = series.partition("{")
-        keep = ",".join(sorted(lab for lab in labels.rstrip("}").split(",")
-                               if lab and not lab.startswith("model_name=")))
-        key = f"{name}{{{keep}}}" if keep else name
-        out[key] = out.get(key, 0.0) + float(value)
-    return out
-
-
-def domino_deltas(before: dict[str, float], after: dict[str, float]) -> dict:
-    """The run's counter deltas (totals and histogram counts/sums), tau and the acceptance rate;
-    tau = tokens committed per verify round, bonus included: (accepted + rounds) / rounds."""
-    counters = {k: round(after[k] - before.get(k, 0.0), 6) for k in sorted(after)
-                if k.split("{")[0].endswith(("_total", "_count", "_sum"))}
-    rounds = counters.get("domino_verify_rounds_total", 0.0)
-    accepted = counters.get("domino_draft_tokens_accepted_total", 0.0)
-    proposed = counters.get("domino_draft_tokens_proposed_total", 0.0)
-    return {"verify_rounds": rounds, "accepted_drafts": accepted,
-            "tau": round((accepted + rounds) / rounds, 4) if rounds else None,
-            "acceptance_rate": round(accepted / proposed, 4) if proposed else None,
-            "cost_scale": after.get("domino_cost_scale"), "counters": counters}
+    """The server's domino_ counters from /metrics (loadgen.parse_domino_counters)."""
+    return parse_domino_counters(requests.get(f"{host}/metrics", timeout=30).text)
 
 
 def run(host: str, users: int, duration: str, out: Path, stem: str = "loadtest",
@@ -141,8 +117,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow-failures", action="store_true")
     args = ap.parse_args(argv)
     if args.prompts is not None:
-        from loadtest_common import load_prompt_file
-
         try:
             load_prompt_file(args.prompts)
         except (OSError, ValueError) as e:

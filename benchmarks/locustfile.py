@@ -40,10 +40,12 @@ from locust.stats import CSV_STATS_INTERVAL_SEC
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from domino_sglang import data  # noqa: E402
+from domino_sglang.bench.loadgen import (  # noqa: E402
+    latency_summary,
+    load_prompt_file,
+    stream_latencies,
+)
 from domino_sglang.local_server import sse_chunks  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadtest_common import latency_summary, load_prompt_file, stream_latencies  # noqa: E402
 
 # prompt set name -> chat messages lists
 PROMPTS: dict[str, list[list[dict]]] = {}

@@ -23,20 +23,13 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+from methods import CHOICES, METHODS, canonical  # noqa: E402
 
 from domino_sglang import data  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 from domino_sglang.local_server import sse_chunks, start_server  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-# Method name -> `domino-sglang serve` flags ({drafter} is filled from --drafter).
-METHODS: dict[str, list[str]] = {
-    "ar": ["--no-speculation"],
-    "domino": ["--drafter", "{drafter}"],
-}
-METHOD_ENV: dict[str, dict[str, str]] = {}
-
 
 def resolve_drafter(spec: str | None, block_size: int) -> str | None:
     """`random` builds a randomly initialised drafter (the pure-overhead floor)."""
@@ -130,26 +123,32 @@ def run_point(url: str, prompts: list[str], concurrency: int, max_tokens: int,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--methods", nargs="+", default=["ar"], choices=sorted(METHODS))
+    ap.add_argument("--methods", nargs="+", default=["ar"], choices=CHOICES,
+                    help="names in benchmarks/methods.py")
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--requests-per-level", type=int, default=0,
                     help="requests per concurrency level (default: max(8, 2 x concurrency))")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the server")
-    ap.add_argument("--drafter", default=None, help="drafter folder for `domino`, or `random`")
+    ap.add_argument("--drafter", default=None,
+                    help="drafter folder of the DOMINO methods (default: the shipped one), or "
+                         "`random`")
     ap.add_argument("--block-size", type=int, default=16, help="block size of a random drafter")
     ap.add_argument("--dtype", default=default_cpu_dtype(),
                     help="server dtype (default: the CPU server's, cpu/dtype.py)")
     ap.add_argument("--out", default="serving", help="result file stem under benchmarks/results/")
     args = ap.parse_args()
+    args.methods = list(dict.fromkeys(canonical(m) for m in args.methods))
 
     prov = provenance.collect()
-    drafter = resolve_drafter(args.drafter, args.block_size)
+    from domino_sglang.paths import shipped_drafter_dir
+
+    drafter = resolve_drafter(args.drafter, args.block_size) or str(shipped_drafter_dir())
     rows = []
     for method in args.methods:
-        flags = [f.format(drafter=drafter) for f in METHODS[method]] + ["--dtype", args.dtype]
-        with start_server(f"bench-{method}", flags, threads=args.threads,
-                          env=METHOD_ENV.get(method)) as server:
+        serve, sglang = METHODS[method].server_args(drafter, args.dtype, args.block_size)
+        with start_server(f"bench-{method}", serve, sglang, threads=args.threads,
+                          env=dict(METHODS[method].env)) as server:
             one_request(server.url, "Hello!", 8)  # warm-up
             for c in args.concurrency:
                 n = args.requests_per_level or max(8, 2 * c)

@@ -31,71 +31,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+from methods import CHOICES, METHODS, Method, canonical  # noqa: E402
 from serving import RESULTS, mixed_prompts, one_request, run_point  # noqa: E402
 
+from domino_sglang.bench.stats import paired_cell, paired_speedup  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 from domino_sglang.local_server import start_server  # noqa: E402
-
-# method -> (`domino-sglang serve` flags [-- SGLang flags], environment)
-METHODS: dict[str, tuple[list[str], dict[str, str]]] = {
-    "ar": (["--no-speculation"], {}),
-    # AR without SGLang's overlap scheduler, which DOMINO's synchronous rounds do not use yet:
-    # isolates what overlap scheduling alone is worth on this machine
-    "ar-sync": (["--no-speculation", "--", "--disable-overlap-schedule"], {}),
-    "domino-fixed": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "0"}),
-    "domino-adaptive": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1"}),
-    # the adaptive policy without prompt lookup (lookup.py): Domino's drafts only
-    "domino-adaptive-nolookup": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1",
-                                                              "DOMINO_LOOKUP": "0"}),
-    # sampled drafts at the request's own temperature (draft_temperature_scale 1, sampling.py)
-    "domino-adaptive-s1": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1",
-                                                        "DOMINO_DRAFT_TEMPERATURE_SCALE": "1"}),
-    # the adaptive policy on its cost profile as measured, without calibration from round times
-    "domino-adaptive-uncal": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1",
-                                                           "DOMINO_CALIBRATE": "0"}),
-    # every round plain (L = 1): what serving through the DOMINO worker costs with no
-    # speculation at all (the adaptive policy's floor, probes and warm-up aside)
-    "domino-plain": (["--drafter", "{drafter}"], {"DOMINO_DRAFT_LEN": "1"}),
-    # every round verifies L = 2 / 3 / 4 chain tokens: what the adaptive policy could get at a
-    # fixed short length (does its alpha estimate leave speedup behind?)
-    "domino-l2": (["--drafter", "{drafter}"], {"DOMINO_DRAFT_LEN": "2"}),
-    "domino-l3": (["--drafter", "{drafter}"], {"DOMINO_DRAFT_LEN": "3"}),
-    "domino-l4": (["--drafter", "{drafter}"], {"DOMINO_DRAFT_LEN": "4"}),
-}
-
-
-def paired_speedup(runs: list[dict], method: str, temperature: float, concurrency: int,
-                   confidence: float = 0.9) -> dict:
-    """The speed-up of `method` over AR at one point from paired runs: each repeat measures the
-    methods back to back, so the ratio of the two runs of one repeat cancels the machine's slow
-    drift, which the ratio of medians does not. Returned: the geometric mean of the n paired
-    ratios r_i and a Student-t interval on their logs,
-        exp(mean(log r) +- t_{(1+confidence)/2, n-1} * sd(log r) / sqrt(n)),
-    and the ratios themselves."""
-    from scipy.stats import t as student_t
-
-    def by_repeat(m: str) -> dict[int, float]:
-        return {r["repeat"]: r["output_tok_s"] for r in runs
-                if (r["method"], r["temperature"], r["concurrency"]) == (m, temperature,
-                                                                          concurrency)}
-
-    mine, ar = by_repeat(method), by_repeat("ar")
-    ratios = [mine[i] / ar[i] for i in sorted(mine.keys() & ar.keys())]
-    if len(ratios) < 2:
-        raise ValueError(f"paired_speedup: {method} at T = {temperature}, c = {concurrency} "
-                         f"has {len(ratios)} run(s) paired with AR, needs 2")
-    logs = [math.log(x) for x in ratios]
-    mean, sd, n = statistics.fmean(logs), statistics.stdev(logs), len(logs)
-    half = student_t.ppf((1 + confidence) / 2, n - 1) * sd / math.sqrt(n)
-    return {"geomean": round(math.exp(mean), 3), "ci_low": round(math.exp(mean - half), 3),
-            "ci_high": round(math.exp(mean + half), 3), "confidence": confidence,
-            "ratios": [round(x, 3) for x in ratios]}
-
-
-def paired_cell(paired: dict | None) -> str:
-    if paired is None:
-        return ""
-    return f"{paired['geomean']} [{paired['ci_low']}, {paired['ci_high']}]"
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -107,7 +48,7 @@ def plot(rows: list[dict], path: Path) -> None:
     temps = sorted({r["temperature"] for r in rows})
     fig, axes = plt.subplots(1, len(temps), figsize=(5.5 * len(temps), 4), squeeze=False)
     for ax, t in zip(axes[0], temps):
-        for m in METHODS:
+        for m in dict.fromkeys(r["method"] for r in rows):
             pts = sorted((r["concurrency"], r["output_tok_s"]) for r in rows
                          if r["method"] == m and r["temperature"] == t)
             if pts:
@@ -124,7 +65,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", nargs="+", default=["ar", "domino-fixed", "domino-adaptive"],
-                    choices=list(METHODS))
+                    choices=CHOICES, help="names in benchmarks/methods.py")
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.7])
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -145,7 +86,7 @@ def main() -> None:
                     help="another checkout of this repository: adds method <m>-base for each "
                          "of --base-methods (<m> served by that checkout's domino_sglang), e.g. "
                          "a `git worktree` of the parent")
-    ap.add_argument("--base-methods", nargs="+", default=["ar"], choices=list(METHODS),
+    ap.add_argument("--base-methods", nargs="+", default=["ar"], choices=CHOICES,
                     help="the methods --base-tree serves too (default: ar)")
     ap.add_argument("--base-drafter", type=Path, default=None,
                     help="the drafter the -base methods serve (default: --drafter's), e.g. "
@@ -155,6 +96,9 @@ def main() -> None:
                          "policy.py), e.g. a wrong one, to see what calibration recovers")
     ap.add_argument("--out", default="throughput")
     args = ap.parse_args()
+    args.methods = list(dict.fromkeys(canonical(m) for m in args.methods))
+    args.base_methods = list(dict.fromkeys(canonical(m) for m in args.base_methods))
+    methods: dict[str, Method] = dict(METHODS)  # this run's, with --cost and -base variants
     if (min(args.concurrency) < 1 or args.max_tokens < 1 or min(args.temperatures) < 0
             or args.repeats < 1 or args.min_requests < 1):
         ap.error("--concurrency, --max-tokens, --repeats and --min-requests must be >= 1, "
@@ -167,15 +111,14 @@ def main() -> None:
             cost_model("cpu", "float32", override=args.cost)
         except ValueError as exc:
             ap.error(f"--cost: {exc}")
-        for m, (flags, env) in list(METHODS.items()):
-            if m.startswith("domino"):
-                METHODS[m] = (flags, {**env, "DOMINO_COST": args.cost})
+        for m, method in methods.items():
+            if method.speculative:
+                methods[m] = method.with_env(DOMINO_COST=args.cost)
     if args.base_tree is not None:
         if not (args.base_tree / "domino_sglang" / "__init__.py").is_file():
             ap.error(f"--base-tree: no domino_sglang package in {args.base_tree}")
         for m in args.base_methods:
-            flags, env = METHODS[m]
-            METHODS[f"{m}-base"] = (flags, {**env, "PYTHONPATH": str(args.base_tree.resolve())})
+            methods[f"{m}-base"] = methods[m].with_env(PYTHONPATH=str(args.base_tree.resolve()))
         args.methods = [*args.methods, *(f"{m}-base" for m in args.base_methods)]
     if args.base_drafter is not None:
         if args.base_tree is None:
@@ -194,13 +137,10 @@ def main() -> None:
     with ExitStack() as stack:
         servers = {}
         for m in args.methods:  # started one at a time: start-up is CPU-heavy
-            flags, env = METHODS[m]
-            flags = [f.format(drafter=base_drafter if m.endswith("-base") else drafter)
-                     for f in flags]
-            cut = flags.index("--") if "--" in flags else len(flags)  # SGLang's own flags after
-            servers[m] = stack.enter_context(
-                start_server(f"tput-{m}", flags[:cut] + ["--dtype", args.dtype],
-                             flags[cut + 1:], threads=args.threads, env=env))
+            serve, sglang = methods[m].server_args(
+                base_drafter if m.endswith("-base") else drafter, args.dtype)
+            servers[m] = stack.enter_context(start_server(
+                f"tput-{m}", serve, sglang, threads=args.threads, env=dict(methods[m].env)))
             one_request(servers[m].url, "Hello!", 8)  # warm-up
         points = [(t, c) for t in args.temperatures for c in args.concurrency]
         runs = []

@@ -1,8 +1,8 @@
 """The copy path of a pointer-generator drafter: copy candidates from a sequence's own history and
 the gate that mixes them into the draft distribution.
 
-The first draft's misses are mostly copies from the context (benchmarks/first_draft.py), and a
-gate over a drafter trained without one gains little (benchmarks/copy_gate.py: 3-5% of verify
+The first draft's misses are mostly copies from the context (docs/studies/first_draft.py), and a
+gate over a drafter trained without one gains little (docs/studies/copy_gate.py: 3-5% of verify
 rounds, the oracle 16%). So the drafter is trained WITH the copy, as a pointer-generator (See et
 al. 2017, the idea): at block position i, history h = x_0 .. x_{a+i} (teacher-forced in
 training, committed tokens + the chain at serve time),

@@ -21,7 +21,7 @@ Draft vocabulary (the reduced draft vocabulary of EAGLE-3, our own code): with `
 = the Vd most frequent answer tokens, the base logits are computed over those rows of the lm_head
 only (V in the shapes above becomes Vd) and every pick maps back to a token id through `vocab`.
 The same as the full vocabulary with -inf outside it; a 4k-8k vocabulary keeps the first draft's
-accuracy (benchmarks/draft_vocab.py) and cuts the lm_head, the largest part of the draft pass
+accuracy (docs/studies/draft_vocab.py) and cuts the lm_head, the largest part of the draft pass
 after the backbone, 6-12x.
 """
 

@@ -17,7 +17,7 @@ Terms and shapes (bs requests, block size B, vocabulary V, n = B-1 proposal posi
     scale       the drafter's draft temperature scale s: q is processed at temperature T * s
                 (top-k / top-p / min-p as the request asks). Verification is exact for any q;
                 s < 1 sharpens a drafter whose distributions are flatter than the target's, which
-                raises the acceptance sum_v min(p, q) (benchmarks/draft_temperature.py; tuning
+                raises the acceptance sum_v min(p, q) (docs/studies/draft_temperature.py; tuning
                 the draft's temperature is an old trick of speculative sampling). Greedy rows are
                 one-hot whatever s.
 

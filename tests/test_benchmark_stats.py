@@ -1,14 +1,11 @@
-"""The benchmarks' paired speed-up estimates (benchmarks/throughput.py, acceptance.py)."""
+"""The benchmarks' paired speed-up estimates (domino_sglang/bench/stats.py, used by
+benchmarks/throughput.py and acceptance.py)."""
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import acceptance  # noqa: E402
-import throughput  # noqa: E402
+from domino_sglang.bench.stats import paired_cell, paired_speedup, vs_ar
 
 
 def _runs(method: str, tok_s: list[float], repeats: list[int], c: int = 8) -> list[dict]:
@@ -22,7 +19,7 @@ def test_paired_ratios_cancel_drift_and_give_a_student_t_interval():
     ar = _runs("ar", [100.0, 50.0, 25.0], [0, 3, 6])
     mine = _runs("domino-adaptive", [100 * math.exp(-0.1), 50.0, 25 * math.exp(0.1)], [0, 3, 6])
     other_point = _runs("domino-adaptive", [1.0, 1.0, 1.0], [1, 4, 7], c=16)  # not paired
-    got = throughput.paired_speedup(ar + mine + other_point, "domino-adaptive", 0.0, 8)
+    got = paired_speedup(ar + mine + other_point, "domino-adaptive", 0.0, 8)
     half = 2.919986 * 0.1 / math.sqrt(3)  # t_{0.95, 2} sd / sqrt(n)
     assert got["ratios"] == [round(math.exp(-0.1), 3), 1.0, round(math.exp(0.1), 3)]
     assert got["geomean"] == 1.0
@@ -31,15 +28,15 @@ def test_paired_ratios_cancel_drift_and_give_a_student_t_interval():
     # the ratio of medians here would be 50 / 50 = 1.0 as well, but a constant 3 % loss under
     # drift is found exactly by pairing (zero spread), which medians of 3 cannot resolve
     slower = _runs("domino-plain", [97.0, 48.5, 24.25], [0, 3, 6])
-    tight = throughput.paired_speedup(ar + slower, "domino-plain", 0.0, 8)
+    tight = paired_speedup(ar + slower, "domino-plain", 0.0, 8)
     assert tight["geomean"] == tight["ci_low"] == tight["ci_high"] == 0.97
-    assert throughput.paired_cell(tight) == "0.97 [0.97, 0.97]"
+    assert paired_cell(tight) == "0.97 [0.97, 0.97]"
 
 
 def test_paired_speedup_needs_two_pairs():
     runs = _runs("ar", [100.0, 90.0], [0, 1]) + _runs("domino-plain", [95.0], [0])
     with pytest.raises(ValueError, match="has 1 run.* paired with AR, needs 2"):
-        throughput.paired_speedup(runs, "domino-plain", 0.0, 8)
+        paired_speedup(runs, "domino-plain", 0.0, 8)
 
 
 def _answers(method: str, run: str, seconds: dict[int, float], tokens: int = 256) -> list[dict]:
@@ -54,8 +51,8 @@ def test_acceptance_speed_over_ar_counts_only_prompts_both_answered_in_one_run()
     ar = _answers("ar", "a", {0: 10.0, 1: 10.0, 3: 10.0}) + _answers("ar", "b", {2: 30.0})
     mine = (_answers("adaptive", "a", {0: 5.0, 1: 5.0}) + _answers("adaptive", "b", {2: 20.0})
             + _answers("adaptive", "b", {3: 1.0, 4: 1.0}))
-    ratio, pairs = acceptance.vs_ar(mine, ar)
+    ratio, pairs = vs_ar(mine, ar)
     assert pairs == 3
     # totals over the pairs: 768 tokens in 30 s vs 768 in 50 s
     assert ratio == pytest.approx(50 / 30)
-    assert acceptance.vs_ar(mine, []) == (None, 0)
+    assert vs_ar(mine, []) == (None, 0)

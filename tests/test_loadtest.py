@@ -1,17 +1,25 @@
 """The load test's accounting without a server: TTFT / TPOT / per-chunk ITL of a streamed
-answer, the prompts file, and tau from /metrics deltas (benchmarks/loadtest*.py)."""
+answer, the prompts file, and tau from /metrics deltas (domino_sglang/bench/loadgen.py, used by
+benchmarks/loadtest.py and locustfile.py)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import loadtest  # noqa: E402
-from loadtest_common import latency_summary, load_prompt_file, stream_latencies  # noqa: E402
+from domino_sglang.bench.loadgen import (
+    domino_deltas,
+    latency_summary,
+    load_prompt_file,
+    parse_domino_counters,
+    stream_latencies,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_stream_latencies_separate_ttft_tpot_and_chunk_gaps():
@@ -48,11 +56,25 @@ def test_prompt_file(tmp_path):
     f.write_text("{not json\n")
     with pytest.raises(ValueError, match=r"p.jsonl:1: not JSON"):
         load_prompt_file(f)
-    shipped = Path(loadtest.HERE) / "data" / "loadtest-prompts.jsonl"
-    assert len(load_prompt_file(shipped)) == 48
 
 
-def test_tau_from_metrics_deltas(monkeypatch):
+def test_loadtest_checks_its_prompts_file_before_the_server(tmp_path):
+    # the maintained script, run as users run it: the shipped prompts file passes its check
+    # (then no server answers on the closed port), a broken one is refused by line
+    script = [sys.executable, str(ROOT / "benchmarks" / "loadtest.py"), "--host",
+              "http://127.0.0.1:9", "--out", str(tmp_path)]
+    shipped = ROOT / "benchmarks" / "data" / "loadtest-prompts.jsonl"
+    r = subprocess.run([*script, "--prompts", str(shipped)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "no healthy server at http://127.0.0.1:9" in r.stderr, r.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"text": "no"}\n')
+    r = subprocess.run([*script, "--prompts", str(bad)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "loadtest: --prompts: " in r.stderr and "bad.jsonl:2" in r.stderr
+
+
+def test_tau_from_metrics_deltas():
     m = 'model_name="m"'
     before = f"""# HELP x
 domino_verify_rounds_total{{{m}}} 100.0
@@ -65,14 +87,7 @@ domino_cost_scale{{{m}}} 1.0
     after = before.replace(" 100.0", " 160.0").replace(" 50.0", " 140.0").replace(
         " 300.0", " 480.0").replace("domino_cost_scale{" + m + "} 1.0",
                                     "domino_cost_scale{" + m + "} 1.25")
-
-    class R:
-        def __init__(self, text):
-            self.text = text
-
-    pages = iter([before, after])
-    monkeypatch.setattr(loadtest.requests, "get", lambda *a, **k: R(next(pages)))
-    d = loadtest.domino_deltas(loadtest.scrape_domino("h"), loadtest.scrape_domino("h"))
+    d = domino_deltas(parse_domino_counters(before), parse_domino_counters(after))
     assert d["verify_rounds"] == 60 and d["accepted_drafts"] == 90
     assert d["tau"] == 2.5  # (90 + 60) / 60: committed tokens per round, bonus included
     assert d["acceptance_rate"] == 0.5  # 90 / 180

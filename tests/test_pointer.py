@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from domino_sglang.config import COPY_MAX_MATCH
 from domino_sglang.pointer import (
     copy_from_env,
     copy_table,
@@ -20,14 +19,40 @@ from domino_sglang.train.curriculum import block_loss, gated_nll
 from tests.train_fixtures import tiny_overrides
 
 torch.set_num_threads(1)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def copy_candidate(h: list[int]) -> tuple[int, int]:
+    """The rule pointer.copy_table computes for every prefix at once, as a direct backward scan
+    (its reference here): (token, match length) after the most recent occurrence of the
+    longest suffix (<= COPY_MAX_MATCH) of h ending before h's last token; (-1, 0) when h's last
+    token never occurred before."""
+    best_n, best_s = 0, -1
+    for s in range(len(h) - 2, -1, -1):
+        if h[s] != h[-1]:
+            continue
+        n = 1
+        while n < COPY_MAX_MATCH and s - n >= 0 and h[s - n] == h[-1 - n]:
+            n += 1
+        if n > best_n:
+            best_n, best_s = n, s
+    return (h[best_s + 1], best_n) if best_s >= 0 else (-1, 0)
+
+
+def test_copy_candidate_follows_the_longest_most_recent_match():
+    # suffix (7, 8): its 2-token match at s = 1 beats the 1-token matches of 8 at s = 4, 6
+    assert copy_candidate([7, 8, 9, 5, 8, 4, 8, 3, 7, 8]) == (9, 2)
+    # only 1-token matches: the most recent one (8 at s = 4, followed by 6)
+    assert copy_candidate([8, 5, 1, 2, 8, 6, 3, 8]) == (6, 1)
+    assert copy_candidate([1, 2, 3]) == (-1, 0)  # the last token never occurred
+    # the lookup the server runs finds the same continuation on a recurring suffix
+    from domino_sglang.lookup import lookup_draft
+    h = [7, 8, 9, 5, 8, 4, 8, 3, 7, 8]
+    assert int(lookup_draft(torch.tensor(h), 1)[0]) == copy_candidate(h)[0]
 
 
 def test_copy_table_is_the_quadratic_scan_at_every_position():
-    """copy_table's row t (dicts of n-grams) equals copy_gate.copy_candidate of ids[:t+1] (a
-    direct backward scan), on sequences with long repeats, runs and fresh tokens."""
-    from copy_gate import copy_candidate
-
+    """copy_table's row t (dicts of n-grams) equals copy_candidate of ids[:t+1] (a direct
+    backward scan), on sequences with long repeats, runs and fresh tokens."""
     rng = random.Random(0)
     for trial in range(30):
         vocab = rng.choice((2, 3, 5, 20))

@@ -276,35 +276,39 @@ def test_chat_requests_are_distinct_filled_templates_reproducible_and_not_mtbenc
         [{"role": "user", "content": chat_requests()[4]}], True, True)
 
 
-def test_eval_answers_in_git_are_replayed_without_a_server_and_checked(tmp_path, monkeypatch):
-    # compare_drafters' evaluation answers come from benchmarks/data first, so every machine
-    # replays the same ones (a batched bf16 server's greedy answers differ between machines);
-    # no server is needed for the prompts the snapshot holds (the url is a closed port), and an
-    # answer cached for another prompt is refused with the file named
-    import gzip
-    import sys
-    from pathlib import Path
+def test_eval_answers_in_git_are_replayed_without_a_server_and_checked(tmp_path):
+    # evaluation answers come from the snapshots kept in git first (compare_drafters passes
+    # benchmarks/data), so every machine replays the same ones (a batched bf16 server's greedy
+    # answers differ between machines); no server is needed for the prompts the snapshot holds
+    # (the url is a closed port), and an answer cached for another prompt is refused with the
+    # file named. The snapshots here are made for the sets' real prompts and chat template.
+    from transformers import AutoTokenizer
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import compare_drafters
+    from domino_sglang import data
+    from domino_sglang.paths import target_dir
+    from domino_sglang.train.evalset import eval_records
+    from domino_sglang.train.regenerate import chat_prompt_ids, write_snapshot
 
-    monkeypatch.setattr(compare_drafters, "DEFAULT_DATA", tmp_path / "sharegpt.jsonl")
+    tok = AutoTokenizer.from_pretrained(str(target_dir()))
+    snapshots, cache = tmp_path / "snapshots", tmp_path / "cache"
     for name in ("mtbench", "humaneval", "gsm8k"):
-        snapshot = compare_drafters.EVAL_SNAPSHOTS / f"eval-{name}-greedy128.jsonl.gz"
-        with gzip.open(snapshot, "rt") as f:
-            kept = sorted((json.loads(line) for line in f), key=lambda r: r["id"])
-        records = compare_drafters.eval_records(name, 20, 128, "http://127.0.0.1:9", 1024)
-        assert [r["id"] for r in records] == list(range(20)) == [r["id"] for r in kept]
+        kept = [{"id": i, "prompt_ids": chat_prompt_ids(tok, p), "output_ids": [100 + i] * 8,
+                 "finish": "length"} for i, p in enumerate(data.load(name, 4))]
+        made = tmp_path / f"eval-{name}-greedy8.jsonl"
+        made.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        assert write_snapshot(made, snapshots / f"{made.name}.gz") == 4
+        records = eval_records(name, 3, 8, "http://127.0.0.1:9", 1024, cache, snapshots)
+        assert [r["id"] for r in records] == [0, 1, 2]
         for rec, snap in zip(records, kept):  # ids = prompt + answer (load_records' layout)
             assert rec["ids"] == snap["prompt_ids"] + snap["output_ids"]
             assert rec["start"] == len(snap["prompt_ids"])
-    cache = tmp_path / "eval-gsm8k-greedy128.jsonl"
-    lines = cache.read_text().splitlines()
-    stale = json.loads(lines[3])
+    cached = cache / "eval-gsm8k-greedy8.jsonl"
+    lines = cached.read_text().splitlines()
+    stale = json.loads(lines[2])
     stale["prompt_ids"] = stale["prompt_ids"][:-1]
-    cache.write_text("\n".join(lines[:3] + [json.dumps(stale)] + lines[4:]) + "\n")
-    with pytest.raises(SystemExit, match="eval-gsm8k-greedy128.jsonl: answer"):
-        compare_drafters.eval_records("gsm8k", 20, 128, "http://127.0.0.1:9", 1024)
+    cached.write_text("\n".join(lines[:2] + [json.dumps(stale)] + lines[3:]) + "\n")
+    with pytest.raises(ValueError, match="eval-gsm8k-greedy8.jsonl: answer 2 was generated"):
+        eval_records("gsm8k", 3, 8, "http://127.0.0.1:9", 1024, cache, snapshots)
 
 
 class _TemplateTokenizer(_CharTokenizer):

@@ -270,8 +270,54 @@ train(conf, progress=False, on_step=on_step)
 """
 
 
+def _torchrun(nproc: int, script: Path, args: list[str], cwd: Path, env: dict, log: Path,
+              timeout: float = 1200.0) -> int:
+    """`torchrun --standalone` of `script`, output to `log`; returns the exit status.
+    --standalone lets the rendezvous bind a port the OS picks (no port chosen here and taken by
+    someone else before use), with generous rendezvous and store timeouts
+    (a busy 2-core machine can take minutes to start two torch processes). `timeout` only
+    guards against a hang. Whatever the outcome, what is left of the run (agent and workers) is
+    killed; output goes to a file, not a pipe a leftover worker could hold open."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc_per_node", str(nproc), "--rdzv-conf", "join_timeout=900,read_timeout=600",
+           str(script), *args]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"torchrun still running after {timeout:.0f} s:\n"
+                        + log.read_text()[-3000:])
+        finally:
+            _kill_tree(proc)
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 30 s, to `proc` and every process under it (torchrun starts
+    its workers in sessions of their own, so its process group does not hold them)."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(proc.pid)]
+        tree += tree[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    for p in tree:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(tree, timeout=30)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=30)
+    proc.poll()
+
+
 def test_ddp_two_cpu_processes_stay_in_sync(tmp_path):
-    from domino_sglang.local_server import free_port
     from tests.train_fixtures import make_records, make_tiny_target
 
     make_records(tmp_path / "data.jsonl")
@@ -279,11 +325,9 @@ def test_ddp_two_cpu_processes_stay_in_sync(tmp_path):
     (tmp_path / "probe.py").write_text(PROBE)
     repo = Path(__file__).resolve().parent.parent
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_port", str(free_port()), str(tmp_path / "probe.py"), str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=300, cwd=repo)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = tmp_path / "torchrun.log"
+    rc = _torchrun(2, tmp_path / "probe.py", [str(tmp_path)], repo, env, log)
+    assert rc == 0, log.read_text()[-3000:]
     for step in (1, 3):
         r0 = torch.load(tmp_path / f"rank0-step{step}.pt", weights_only=True)
         r1 = torch.load(tmp_path / f"rank1-step{step}.pt", weights_only=True)

@@ -5,7 +5,7 @@ cached target features (the run folder's features/, linked, so no target forward
 reports the median wall time of a step (forward, backward, optimiser) after a warm-up. The
 variants see the same records and anchors (the data order is a function of seed and step).
 
-    python benchmarks/train_step.py --recipe domino_sglang/train/recipes/smollm2-135m.toml \
+    python docs/studies/train_step.py --recipe domino_sglang/train/recipes/smollm2-135m.toml \
         --phase stage9
 """
 
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # provenance, ..
 import provenance  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
 def recipe_phase(recipe: Path, phase: str | None, overrides: dict | None = None):

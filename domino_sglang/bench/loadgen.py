@@ -1,6 +1,6 @@
-"""The load test's pieces without locust (loadtest.py imports them before it starts locust, whose
-gevent patching must come first there; the tests import them in-process): the prompts file and
-the latency metrics of a streamed answer.
+"""The load test's pieces without locust (benchmarks/loadtest.py and locustfile.py import them;
+locust's gevent patching must come first in the locustfile): the prompts file, the latency
+metrics of a streamed answer, and a run's domino_ counter deltas from /metrics.
 
 Prompts file (`--prompts`): one {"prompt": str} or {"messages": [...]} per line, the format
 `python -m sglang.benchmark.serving --dataset-name openai` reads too (its extra keys, e.g.
@@ -69,3 +69,34 @@ def latency_summary(samples: list[tuple[str, str, float]]) -> dict:
                        **{f"p{int(q * 100)}_ms": None if not v else round(percentile(v, q), 3)
                           for q in (0.5, 0.9, 0.99)}}
     return out
+
+
+def parse_domino_counters(text: str) -> dict[str, float]:
+    """The domino_ series of a /metrics page: {name or name{label}: value}, summed over
+    model_name (one server, or a router's replicas scraped one by one); histogram buckets
+    are left out (their _count and _sum are kept)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("domino_") or "_bucket{" in line:
+            continue
+        series, value = line.rsplit(" ", 1)
+        name, _, labels = series.partition("{")
+        keep = ",".join(sorted(lab for lab in labels.rstrip("}").split(",")
+                               if lab and not lab.startswith("model_name=")))
+        key = f"{name}{{{keep}}}" if keep else name
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def domino_deltas(before: dict[str, float], after: dict[str, float]) -> dict:
+    """The run's counter deltas (totals and histogram counts/sums), tau and the acceptance rate;
+    tau = tokens committed per verify round, bonus included: (accepted + rounds) / rounds."""
+    counters = {k: round(after[k] - before.get(k, 0.0), 6) for k in sorted(after)
+                if k.split("{")[0].endswith(("_total", "_count", "_sum"))}
+    rounds = counters.get("domino_verify_rounds_total", 0.0)
+    accepted = counters.get("domino_draft_tokens_accepted_total", 0.0)
+    proposed = counters.get("domino_draft_tokens_proposed_total", 0.0)
+    return {"verify_rounds": rounds, "accepted_drafts": accepted,
+            "tau": round((accepted + rounds) / rounds, 4) if rounds else None,
+            "acceptance_rate": round(accepted / proposed, 4) if proposed else None,
+            "cost_scale": after.get("domino_cost_scale"), "counters": counters}

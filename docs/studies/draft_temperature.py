@@ -13,7 +13,7 @@ Temperature only (no top-k / top-p), what the throughput sweep sends. A pointer-
 onehot(c_k), c_k the copy candidate of the teacher-forced history x_0..x_{a+k}, which may lie
 outside the draft vocabulary (then min(p_k(c_k), g_k) is added); at s = 0 the greedy pick.
 
-    OMP_NUM_THREADS=2 python benchmarks/draft_temperature.py --temperatures 0.7 1.0
+    OMP_NUM_THREADS=2 python docs/studies/draft_temperature.py --temperatures 0.7 1.0
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # provenance, ..
 import provenance  # noqa: E402
 from compare_drafters import eval_records  # noqa: E402
 
 from domino_sglang.paths import shipped_drafter_dir, target_dir  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
 @torch.no_grad()

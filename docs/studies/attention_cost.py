@@ -5,7 +5,7 @@ Times `paged_attention` (per request, exact keys) against the padded batched lay
 SmolLM2-135M's attention shape (9 query / 3 KV heads, head dim 64) with KV slots scattered over a
 65,536-slot pool, for decode and verify batches. Checks both give the same output first.
 
-    OMP_NUM_THREADS=1 python benchmarks/attention_cost.py
+    OMP_NUM_THREADS=1 python docs/studies/attention_cost.py
 """
 
 from __future__ import annotations

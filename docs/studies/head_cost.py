@@ -6,7 +6,7 @@ The backbone states z are random (timing does not depend on their values). "head
 backbone-only chain (one lm_head GEMM + argmax), the floor every head setting is compared with.
 The worker's defaults (fp32 head on CPU, pool 2048) come from this table.
 
-    OMP_NUM_THREADS=1 python benchmarks/head_cost.py --block 16 --batch 1 8
+    OMP_NUM_THREADS=1 python docs/studies/head_cost.py --block 16 --batch 1 8
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # provenance, ..
 import provenance  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
 def timed_ms(repeats: int, fn, *args, **kwargs) -> float:

@@ -8,7 +8,7 @@ teacher-forced at every position of the target's greedy answers to evaluation pr
 the argmax over the full vocabulary and over the N most frequent answer tokens (records with
 id <= --max-id, the drafter's training records; never the evaluation answers), for several N.
 
-    python benchmarks/draft_vocab.py --max-id 3850 --sizes 4096 8192 16384 32768
+    python docs/studies/draft_vocab.py --max-id 3850 --sizes 4096 8192 16384 32768
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # provenance, ..
 import provenance  # noqa: E402
 from compare_drafters import DEFAULT_DATA, eval_records, offline_drafter  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ compare_drafters.py and kept in git) and splits it:
     anchor token (1-gram) or of the anchor's 2-gram (what prompt lookup continues), counting the
     drafter's misses a copy would fix and its hits a copy would break.
 
-    python benchmarks/first_draft.py --eval-set mtbench humaneval gsm8k --limit 20
+    python docs/studies/first_draft.py --eval-set mtbench humaneval gsm8k --limit 20
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # provenance, ..
 import provenance  # noqa: E402
 from compare_drafters import add_eval_args, eval_records, offline_drafter  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 BINS = (0.0, 0.3, 0.5, 0.7, 0.9)  # lower edges of the p_max bins
 
 

@@ -4,7 +4,7 @@ them (2 rows run as 4, cpu/linear.py PADDED_ROWS) and unpadded, with the weights
 (each weight read once per pass, as in a forward). Repeats interleave the variants so the
 machine's drift hits them alike; reported: the median pass in ms.
 
-    OMP_NUM_THREADS=1 python benchmarks/linear_rows.py --repeats 15
+    OMP_NUM_THREADS=1 python docs/studies/linear_rows.py --repeats 15
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # provenance, ..
 import provenance  # noqa: E402
 from serving import RESULTS  # noqa: E402
 

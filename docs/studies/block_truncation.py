@@ -12,7 +12,7 @@ answers to evaluation prompts, with the backbone run over blocks of B' = 16, 8, 
 K-way tree of first drafts would accept (every position after x_t is verified in one pass either
 way), which bounds what branching the first draft could add to a round.
 
-    python benchmarks/block_truncation.py --eval-set mtbench humaneval gsm8k --limit 20
+    python docs/studies/block_truncation.py --eval-set mtbench humaneval gsm8k --limit 20
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # provenance, ..
 import provenance  # noqa: E402
 from compare_drafters import add_eval_args, eval_records, offline_drafter  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
 def main() -> None:

@@ -23,9 +23,9 @@ verify rounds a per-position choice between the drafter's token and a copy would
     is 0 where the served p has no row for c (outside the draft vocabulary or, after position
     0, the head's candidate pool).
 
-    python benchmarks/copy_gate.py --fit-min-id 3000000 --fit-count 200
-    python benchmarks/copy_gate.py --drafter RUN/drafter --fit-count 0   # a pointer drafter
-    python benchmarks/copy_gate.py --drafter RUN/drafter --out copy_gate_stage30_fit  # + p's
+    python docs/studies/copy_gate.py --fit-min-id 3000000 --fit-count 200
+    python docs/studies/copy_gate.py --drafter RUN/drafter --fit-count 0   # a pointer drafter
+    python docs/studies/copy_gate.py --drafter RUN/drafter --out copy_gate_stage30_fit  # + p's
         # confidence: does a gate that sees it decide better than the trained one? (-0.6%)
 """
 
@@ -39,13 +39,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # provenance, ..
 import provenance  # noqa: E402
 from compare_drafters import DEFAULT_DATA, add_eval_args, eval_records, offline_drafter  # noqa: E402
 
 from domino_sglang.pointer import copy_table, copy_wins, gate_inputs, log_gate  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 MAX_MATCH = 12  # as lookup.py
 N_CLASSES = 6  # match lengths 1..5, 6+ as gate features
 

@@ -1,0 +1,109 @@
+"""The one table of named serving configurations ("methods") every benchmark selects from
+(throughput.py, acceptance.py, serving.py): a name, a label for tables and plots, the
+`domino-sglang serve` flags (SGLang's own after "--"; {drafter} and {block} filled in) and the
+serving switches still given as DOMINO_* environment variables.
+
+When the switches become `--speculative-domino-*` server flags (issue 65), each method's `env`
+moves into its `serve` flags here, and no benchmark changes.
+
+Old names stay accepted (ALIASES): acceptance.py's `backbone`, `bare`, `domino`, `nocopy`,
+`domino-s1`, `lookup`, `adaptive`; serving.py's `domino` (now `domino-drafter`, the full block
+every round, as acceptance.py's `domino` was).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+
+@dataclass(frozen=True)
+class Method:
+    """One server configuration: what `domino-sglang serve` is started with."""
+
+    label: str
+    serve: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def server_args(self, drafter: str, dtype: str, block: int = 16
+                    ) -> tuple[list[str], list[str]]:
+        """(`domino-sglang serve` flags with --dtype, SGLang's own flags) for start_server."""
+        flags = [f.format(drafter=drafter, block=block) for f in self.serve]
+        cut = flags.index("--") if "--" in flags else len(flags)
+        return flags[:cut] + ["--dtype", dtype], flags[cut + 1:]
+
+    def with_env(self, **extra: str) -> Method:
+        """The same method with more environment (e.g. DOMINO_COST, PYTHONPATH of a base tree)."""
+        return replace(self, env={**self.env, **extra})
+
+    @property
+    def speculative(self) -> bool:
+        """Served by the DOMINO worker (not plain decoding, not SGLang's NGRAM)."""
+        return "--no-speculation" not in self.serve
+
+
+_DRAFTER = ("--drafter", "{drafter}")
+# acceptance is a property of the drafter: the full block verified every round, drafted by the
+# drafter alone (no prompt lookup)
+_FULL_BLOCK = {"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}
+
+METHODS: Mapping[str, Method] = MappingProxyType({
+    "ar": Method("AR", ("--no-speculation",)),
+    # AR without SGLang's overlap scheduler, which DOMINO's synchronous rounds do not use yet:
+    # isolates what overlap scheduling alone is worth on this machine
+    "ar-sync": Method("AR, no overlap schedule",
+                      ("--no-speculation", "--", "--disable-overlap-schedule")),
+    "ngram": Method("NGRAM", ("--no-speculation", "--", "--speculative-algorithm", "NGRAM",
+                              "--speculative-num-draft-tokens", "{block}")),
+    # the drafter alone, full block every round (tau is the drafter's)
+    "domino-drafter": Method("DOMINO", _DRAFTER, _FULL_BLOCK),
+    # the same with the head off: the DFlash baseline; a pointer drafter keeps its copy path
+    "domino-backbone": Method("DOMINO head off", _DRAFTER, {**_FULL_BLOCK, "DOMINO_HEAD": "0"}),
+    # a pointer drafter's backbone without its copy path either: the DFlash baseline proper
+    # (the same as domino-backbone for a drafter without a copy gate)
+    "domino-bare": Method("DOMINO head and copy off", _DRAFTER,
+                          {**_FULL_BLOCK, "DOMINO_HEAD": "0", "DOMINO_COPY": "0"}),
+    # a pointer drafter's head without its copy path (the 2 x 2 of head and copy)
+    "domino-nocopy": Method("DOMINO copy off", _DRAFTER, {**_FULL_BLOCK, "DOMINO_COPY": "0"}),
+    # sampled drafts at the request's own temperature (draft_temperature_scale 1; the shipped
+    # drafter samples at 0.6 T): differs from domino-drafter at temperature > 0 only
+    "domino-drafter-s1": Method("DOMINO at T", _DRAFTER,
+                                {**_FULL_BLOCK, "DOMINO_DRAFT_TEMPERATURE_SCALE": "1"}),
+    # the full block every round, copied from the request's own history where its last tokens
+    # recur (lookup.py; then no draft pass and L = 1 + the copy)
+    "domino-fixed": Method("DOMINO + lookup", _DRAFTER, {"DOMINO_ADAPTIVE": "0"}),
+    # as served by default: lookup on, and policy.py may verify fewer tokens (down to plain
+    # decoding)
+    "domino-adaptive": Method("DOMINO adaptive", _DRAFTER),
+    # the adaptive policy without prompt lookup: Domino's drafts only
+    "domino-adaptive-nolookup": Method("DOMINO adaptive, no lookup", _DRAFTER,
+                                       {"DOMINO_LOOKUP": "0"}),
+    "domino-adaptive-s1": Method("DOMINO adaptive at T", _DRAFTER,
+                                 {"DOMINO_DRAFT_TEMPERATURE_SCALE": "1"}),
+    # the adaptive policy on its cost profile as measured, without calibration from round times
+    "domino-adaptive-uncal": Method("DOMINO adaptive, uncalibrated", _DRAFTER,
+                                    {"DOMINO_CALIBRATE": "0"}),
+    # every round plain (L = 1): what serving through the DOMINO worker costs with no
+    # speculation at all (the adaptive policy's floor, probes and warm-up aside)
+    "domino-plain": Method("DOMINO plain rounds", _DRAFTER, {"DOMINO_DRAFT_LEN": "1"}),
+    # every round verifies L = 2 / 3 / 4 chain tokens: what the adaptive policy could get at a
+    # fixed short length
+    **{f"domino-l{n}": Method(f"DOMINO L = {n}", _DRAFTER, {"DOMINO_DRAFT_LEN": str(n)})
+       for n in (2, 3, 4)},
+})
+
+ALIASES: Mapping[str, str] = MappingProxyType({
+    "backbone": "domino-backbone", "bare": "domino-bare", "domino": "domino-drafter",
+    "nocopy": "domino-nocopy", "domino-s1": "domino-drafter-s1", "lookup": "domino-fixed",
+    "adaptive": "domino-adaptive"})
+
+CHOICES = [*METHODS, *ALIASES]  # argparse choices of --methods
+
+
+def canonical(name: str) -> str:
+    """A method's table name (old names mapped); a clear error naming an unknown one."""
+    name = ALIASES.get(name, name)
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+    return name
