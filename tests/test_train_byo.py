@@ -3,6 +3,7 @@ defaults, device and distributed-backend choice, the train / regenerate CLI edge
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -112,9 +113,7 @@ def test_training_on_written_conversations_is_labelled_off_policy(tmp_path):
     assert first["run"]["data_policy"] == "off-policy" and first["run"]["device"] == "cpu"
     recs = (tmp_path / "run" / "data-as-written.jsonl").read_text().splitlines()
     assert len(recs) == 6 and is_records_file(tmp_path / "run" / "data-as-written.jsonl")
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("tensorboard") is None:  # optional dependency, not in the venv
         return
     assert any((tmp_path / "run" / "tensorboard").iterdir())
 
