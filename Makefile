@@ -87,10 +87,6 @@ loadtest: venv
 # The shipped drafter's recipe, one file in 21 phases (~14 h on 2 CPU cores; a phase resumes where it stopped).
 RECIPE     ?= domino_sglang/train/recipes/smollm2-135m.toml
 REGEN_DATA ?= $(HOME)/.cache/domino_sglang/data/sharegpt-greedy256.jsonl
-REGEN_N    ?= 11137  # every ShareGPT first turn (stages 14 and 15 read up to 11136)
-REGEN_N2   ?= 4616   # every second turn that fits (ids 100000..111136; stage 18 reads them all)
-REGEN_N3   ?= 1432   # every third turn that fits (ids 200000..211134; stage 19 reads them all)
-REGEN_N4   ?= 491    # every fourth turn that fits (ids 300000..311134; stage 20 reads them all)
 REGEN_SNAPSHOT := domino_sglang/train/data/sharegpt-greedy256.jsonl.gz
 RUN_DIR    ?= $(HOME)/.cache/domino_sglang/runs/smollm2-135m-domino-recipe
 
@@ -102,14 +98,12 @@ data: venv
 data-snapshot: venv
 	$(BIN)/domino-sglang data-snapshot save --data $(REGEN_DATA) --snapshot $(REGEN_SNAPSHOT)
 
+# The training data: every ShareGPT first turn, then every 2nd / 3rd / 4th turn that fits (ids
+# 100000.., 200000.., 300000..), then the stdlib-code, math and chat templates (the phases read all).
 regenerate: target data
-	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --limit $(REGEN_N) --concurrency 64
-	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --turn 2 --limit $(REGEN_N2) --concurrency 64
-	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --turn 3 --limit $(REGEN_N3) --concurrency 64
-	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --turn 4 --limit $(REGEN_N4) --concurrency 64
-	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --source python --concurrency 64
-	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --source math --concurrency 64
-	$(BIN)/domino-sglang regenerate --out $(REGEN_DATA) --source chat --concurrency 64
+	set -e; for a in "--limit 11137" "--turn 2 --limit 4616" "--turn 3 --limit 1432" \
+	  "--turn 4 --limit 491" "--source python" "--source math" "--source chat"; do \
+	  $(BIN)/domino-sglang regenerate --out $(REGEN_DATA) $$a --concurrency 64; done
 
 # The shipped drafter from scratch: the one recipe's 21 phases in order (`--plan` lists them; a
 # re-run resumes at the first unfinished phase). It is not copied into the package; compare first:
