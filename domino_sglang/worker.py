@@ -605,13 +605,14 @@ class DominoWorker(BaseSpecWorker):
         if calibration is None or not self.policy.enabled:
             return
         k = calibration.scale(bs)
-        self.metrics.record_cost_scale(k)
+        draft, per_token, _ = calibration.learned(bs)
+        self.metrics.record_cost_scale(k, draft, per_token)
         logged, at = self._logged_scale
         if abs(k - logged) > 0.1 * logged and now - at > 60.0:
             self._logged_scale = (k, now)
-            logger.info("DOMINO cost calibration: this machine pays %.2fx the profile's "
-                        "speculative overhead at bs %d (%d rounds timed)", k, bs,
-                        calibration.rounds)
+            logger.info("DOMINO learned costs at bs %d: a speculative round costs 1 + %.3f + "
+                        "%.3f (L - 1) plain rounds, %.2fx the prior's overhead at L = 2 (%d "
+                        "rounds timed)", bs, draft, per_token, k, calibration.rounds)
 
     def record_fallbacks(self, bs: int, block: int, capped: list[bool] | None) -> None:
         """Request-rounds decoded without speculation, by reason: `one_token_requests` (capped
