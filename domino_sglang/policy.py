@@ -143,7 +143,9 @@ PROBE_BUDGET = 0.02  # a probe's gross overhead per plain round's time
 NEAR_BUDGET = 0.005  # its expected loss (beyond the tokens it commits) per plain round's time
 PROBE_LEN = 2
 PLAIN_DECAY = 0.98  # how a plain round ages the acceptance estimate (a judged round: 0.95)
-Z_ALPHA = 0.5  # alpha's lower bound: this many binomial sd under the estimate
+AGE_FLOOR = 12.0  # judged drafts plain rounds age the estimate down to (its bounds stay finite)
+Z_PROBE = 1.5  # ... and the upper bound that keeps probes at their base rate
+Z_ALPHA = 0.25  # alpha's lower bound: this many binomial sd under the estimate
 BACKOFF, MAX_LOSSES = 2, 3  # probe spacing x BACKOFF per losing probe, at most MAX_LOSSES times
 
 
@@ -233,17 +235,24 @@ class AcceptanceStats:
             return self.prior_alpha
         return self.accepted / self.judged
 
-    def bounds(self, z: float = Z_ALPHA) -> tuple[float, float]:
-        """(lower, upper): alpha -+ z binomial sd over the judged drafts (prior included),
-        within [0, 1]."""
-        alpha = self.alpha
-        sd = math.sqrt(alpha * (1.0 - alpha) / max(self.judged, 1.0))
-        return max(alpha - z * sd, 0.0), min(alpha + z * sd, 1.0)
+    def bounds(self, z: float | None = None) -> tuple[float, float]:
+        """(lower, upper): the Wilson score interval of z (default Z_ALPHA) sd around alpha
+        over the judged drafts (prior included, forgotten like them). Wilson, not alpha -+ z sd:
+        that is 0 wide at alpha 0 or 1, so a few failed probes would look certain."""
+        z = Z_ALPHA if z is None else z
+        n, alpha = max(self.judged, 1e-9), self.alpha
+        shrink = 1.0 + z * z / n
+        center = (alpha + z * z / (2 * n)) / shrink
+        half = z / shrink * math.sqrt(alpha * (1.0 - alpha) / n + z * z / (4 * n * n))
+        return max(center - half, 0.0), min(center + half, 1.0)
 
-    def forget(self, decay: float = PLAIN_DECAY) -> None:
-        """A round that judged no draft (plain decoding): the estimate ages, by `decay`."""
-        self.accepted *= decay
-        self.judged *= decay
+    def forget(self, decay: float = PLAIN_DECAY, floor: float = 0.0) -> None:
+        """A round that judged no draft (plain decoding): the estimate ages, by `decay`, but
+        not below `floor` judged drafts (alpha unchanged either way)."""
+        if self.judged > floor:
+            decay = max(decay, floor / self.judged)
+            self.accepted *= decay
+            self.judged *= decay
 
     def update(self, accepted: int, judged: int) -> None:
         """One round: `accepted` drafts kept over `judged` drafts compared (a request with
@@ -316,12 +325,14 @@ class SpeculationPolicy:
                 return 1  # calibration round: time a plain round at this batch size
             return chosen
         mean = self.cost_fn(bs)
-        if probed and not self.promising(bs, mean):  # a probe said speculation cannot pay yet
+        promising = self.promising(bs, mean)
+        if probed and not promising:  # a probe said speculation cannot pay yet
             self.losses = min(self.losses + 1, MAX_LOSSES)
         self._plain_rounds += 1
-        self.stats.forget()  # a plain round ages the estimate too (PLAIN_DECAY)
+        self.stats.forget(floor=AGE_FLOOR)  # a plain round ages the estimate too
         interval = probe_interval(bs, self.block, mean, self.stats.alpha)
-        if interval is not None and self._plain_rounds >= interval * BACKOFF ** self.losses:
+        backoff = 1 if promising else BACKOFF ** self.losses
+        if interval is not None and self._plain_rounds >= interval * backoff:
             self._plain_rounds = 0
             self._probed = True
             return min(PROBE_LEN, self.block)  # probe: measure the drafter again, cheaply
@@ -340,9 +351,10 @@ class SpeculationPolicy:
         return choose_draft_len(bs, low, self.block, cost=high)
 
     def promising(self, bs: int, cost: Callable[[int, int], float]) -> bool:
-        """Whether speculation could pay at alpha's upper bound and the costs' means: a probe
-        that leaves it so is not a loss (the doubt is worth resolving)."""
-        _, high = self.stats.bounds()
+        """Whether speculation could pay at alpha's upper bound (Z_PROBE sd: wider than the
+        floor's, so a drafter just under break-even keeps being probed) and the costs' means:
+        a probe that leaves it so is not a loss (the doubt is worth resolving)."""
+        _, high = self.stats.bounds(Z_PROBE)
         return choose_draft_len(bs, high, self.block, cost=cost) > 1
 
     def cost_fn(self, bs: int, z: float = 0.0) -> Callable[[int, int], float]:
