@@ -143,8 +143,8 @@ PROBE_BUDGET = 0.02  # a probe's gross overhead per plain round's time
 NEAR_BUDGET = 0.005  # its expected loss (beyond the tokens it commits) per plain round's time
 PROBE_LEN = 2
 PLAIN_DECAY = 0.98  # how a plain round ages the acceptance estimate (a judged round: 0.95)
-AGE_FLOOR = 12.0  # judged drafts plain rounds age the estimate down to (its bounds stay finite)
-Z_PROBE = 1.5  # ... and the upper bound that keeps probes at their base rate
+AGE_FLOOR = 4.0  # judged drafts plain rounds age the estimate down to (its bounds stay finite)
+Z_PROBE = 1.0  # ... and the upper bound that keeps probes at their base rate
 Z_ALPHA = 0.25  # alpha's lower bound: this many binomial sd under the estimate
 BACKOFF, MAX_LOSSES = 2, 3  # probe spacing x BACKOFF per losing probe, at most MAX_LOSSES times
 
@@ -329,7 +329,7 @@ class SpeculationPolicy:
         if probed and not promising:  # a probe said speculation cannot pay yet
             self.losses = min(self.losses + 1, MAX_LOSSES)
         self._plain_rounds += 1
-        self.stats.forget(floor=AGE_FLOOR)  # a plain round ages the estimate too
+        self.stats.forget(floor=AGE_FLOOR)  # a plain round ages the estimate too (PLAIN_DECAY)
         interval = probe_interval(bs, self.block, mean, self.stats.alpha)
         backoff = 1 if promising else BACKOFF ** self.losses
         if interval is not None and self._plain_rounds >= interval * backoff:
