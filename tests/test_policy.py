@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from domino_sglang.policy import (
+    AGE_FLOOR,
+    BACKOFF,
     COSTS,
+    MAX_LOSSES,
     NEUTRAL,
     PLAIN_DECAY,
     PROBE_LEN,
@@ -201,7 +204,8 @@ def test_plain_rounds_age_the_estimate():
     # sparse probes and stayed under break-even for much of the next easy stretch (the c = 2,
     # T = 0.7 runs that decoded plainly for whole runs, 2026-12-02). Plain rounds now age it too
     # (PLAIN_DECAY), so each probe counts for more: committed tokens per plain step's time
-    # 1.099-1.125 over these seeds, 1.039-1.083 without the aging
+    # 1.099-1.125 over these seeds, 1.039-1.083 without the aging; 1.087-1.119 with the floor's
+    # bounds (alpha's lower bound, the aging floor AGE_FLOOR: policy.py, "The floor")
     import random
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -217,31 +221,50 @@ def test_plain_rounds_age_the_estimate():
             for alpha in (0.25, 0.5):
                 t, s = serve(policy, lambda i, a=alpha: a, 2, 200, cost, rng)
                 tokens, seconds = tokens + t, seconds + s
-        assert tokens / seconds > 1.09, (seed, tokens / seconds)
+        assert tokens / seconds > 1.08, (seed, tokens / seconds)
     stats = AcceptanceStats(prior_weight=0.0)
     stats.update(3, 4)
     stats.forget()
     assert (stats.accepted, stats.judged) == (pytest.approx(3 * PLAIN_DECAY),
                                               pytest.approx(4 * PLAIN_DECAY))
     assert stats.alpha == pytest.approx(0.75)  # aging alone does not move alpha
+    for _ in range(500):  # ... and stops at the floor: alpha's bounds stay finite
+        stats.forget(floor=AGE_FLOOR)
+    assert stats.judged == pytest.approx(4 * PLAIN_DECAY)  # already under the floor: kept
+    stats.update(30, 40)
+    for _ in range(500):
+        stats.forget(floor=AGE_FLOOR)
+    assert stats.judged == pytest.approx(AGE_FLOOR) and stats.alpha == pytest.approx(33 / 44,
+                                                                                    abs=0.01)
 
 
-def test_running_stats_switch_off_then_probe():
-    policy = SpeculationPolicy(B)  # prior alpha 0.7: tries the drafter first, on every profile
+def test_running_stats_switch_off_then_probe_with_backoff():
+    policy = SpeculationPolicy(B)  # prior alpha 0.7: tries the drafter first, on every prior
     assert policy.draft_len(1) > 1
-    for cost in COSTS.values():
+    for cost in (*COSTS.values(), NEUTRAL):
         assert SpeculationPolicy(B, cost=cost).draft_len(1) > 1
+    fixed = SpeculationPolicy(B, cost=COSTS["cpu-bf16"], calibrate=False)
     for _ in range(100):  # the drafter is never right
-        policy.observe([1] * 4, B)
-    assert policy.stats.alpha < 0.07  # the floor left by the prior: 0.7 * 8 / (8 + 4 / 0.05)
-    interval = probe_interval(4, B)
-    chosen = [policy.draft_len(4) for _ in range(2 * interval)]
+        fixed.observe([1] * 4, B)
+    assert fixed.stats.alpha < 0.07  # the floor left by the prior: 0.7 * 8 / (8 + 4 / 0.05)
+    interval = probe_interval(4, B, COSTS["cpu-bf16"], fixed.stats.alpha)
+    chosen = []
+    for _ in range(40 * interval):
+        chosen.append(fixed.draft_len(4))
+        fixed.observe([1] * 4, chosen[-1])  # every probe loses
     probes = [i for i, n in enumerate(chosen) if n > 1]
-    assert probes == [interval - 1, 2 * interval - 1]  # periodic, short probes
-    assert {chosen[i] for i in probes} == {PROBE_LEN}
+    assert {chosen[i] for i in probes} == {PROBE_LEN}  # short probes
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    # the first at the base interval, then spaced BACKOFF times more per lost probe, up to
+    # BACKOFF ** MAX_LOSSES: a drafter that never pays is probed ever more rarely
+    assert probes[0] == interval - 1 and gaps[0] == BACKOFF * interval
+    assert gaps == sorted(gaps) and gaps[-1] == BACKOFF ** MAX_LOSSES * interval
+    assert fixed.losses == MAX_LOSSES
     for _ in range(40):  # ... until it is right again: probes see every draft accepted
-        policy.observe([PROBE_LEN] * 4, PROBE_LEN)
-    assert policy.draft_len(4) == choose_draft_len(4, policy.stats.alpha, B) > 8
+        fixed.observe([PROBE_LEN] * 4, PROBE_LEN)
+    assert fixed.draft_len(4) == choose_draft_len(4, fixed.stats.alpha, B,
+                                                  cost=COSTS["cpu-bf16"]) > 8
+    assert fixed.losses == 0  # speculating again: the backoff is reset
 
 
 def test_truncated_geometric_estimate():
