@@ -181,6 +181,12 @@ class OnlineCosts:
         (d, v), _ = fit.posterior()
         return max(d, 0.0), max(v, 0.0), fit.n
 
+    def knows(self, bs: int) -> bool:
+        """Whether bs's bucket has learned from rounds of its own (else it is priced by the
+        prior or a neighbour)."""
+        fit = self.fits.get(bs_bucket(bs))
+        return fit is not None and fit.n > 0.0
+
     def scale(self, bs: int) -> float:
         """k: the learned overhead of an L = 2 round at bs over the neutral prior's (1: as
         assumed; the `domino_cost_scale` gauge)."""

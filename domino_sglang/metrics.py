@@ -197,8 +197,8 @@ class DominoMetrics:
         self.cost_scale = Gauge(
             PREFIX + "cost_scale",
             "Learned k: how many times the neutral prior's speculative overhead (L = 2) this "
-            "server's rounds really take, at the batch size of the last timed round (costs.py; "
-            "1 = as assumed).", names, registry=registry,
+            "server's rounds really take, at the last timed batch size with costs of its own "
+            "(costs.py; 1 = as assumed).", names, registry=registry,
             multiprocess_mode="mostrecent")
         self.cost_learned = Gauge(
             PREFIX + "cost_overhead",

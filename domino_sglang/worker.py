@@ -599,10 +599,11 @@ class DominoWorker(BaseSpecWorker):
         return now
 
     def report_cost_scale(self, bs: int, now: float) -> None:
-        """Export the calibrated k at the batch size of the round just timed; log it when it
-        moved by 10 % (at most once a minute)."""
+        """Export the learned costs at the batch size of the round just timed, once that batch
+        size has learned from rounds of its own (costs.py); log them when k moved by 10 % (at
+        most once a minute)."""
         calibration = self.policy.calibration
-        if calibration is None or not self.policy.enabled:
+        if calibration is None or not self.policy.enabled or not calibration.knows(bs):
             return
         k = calibration.scale(bs)
         draft, per_token, _ = calibration.learned(bs)

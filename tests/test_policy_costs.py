@@ -70,7 +70,8 @@ def test_learned_costs_converge_from_the_neutral_prior(shape, bs):
     truth = SHAPES[shape]
     rng = random.Random(bs)
     costs = OnlineCosts()
-    assert costs.cost(bs, 2) == NEUTRAL(bs, 2)  # nothing timed: the prior
+    assert costs.cost(bs, 2) == NEUTRAL(bs, 2) and costs.scale(bs) == 1.0  # the prior
+    assert not costs.knows(bs)
     for i in range(400):  # rounds at the L a policy picks as alpha moves, plain ones between
         draft_len = 1 if i % 8 == 0 else rng.randint(2, B)
         costs.observe(bs, draft_len, STEP * truth(bs, draft_len) * rng.lognormvariate(0, 0.05))
@@ -83,7 +84,7 @@ def test_learned_costs_converge_from_the_neutral_prior(shape, bs):
     for draft_len in (2, 8, 16):  # the price of every L within 5 %
         assert costs.cost(bs, draft_len) == pytest.approx(truth(bs, draft_len), rel=0.05)
         assert costs.cost(bs, draft_len, z=1.0) >= costs.cost(bs, draft_len)  # the upper bound
-    assert n > 50
+    assert n > 50 and costs.knows(bs) and costs.scale(bs) != 1.0
 
 
 def test_one_absurd_round_does_not_move_the_fit():
