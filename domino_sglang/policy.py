@@ -323,8 +323,14 @@ class SpeculationPolicy:
         chosen = self.speculative_len(bs)
         if chosen > 1:
             self._plain_rounds = self.losses = 0
-            if (self.calibration is not None and self.calibration.needs_plain(bs)
-                    and self._rounds - self._calibrated_at >= CAL_MIN_GAP):
+            calibration = self.calibration
+            # the first PLAIN_MIN plain times of a batch size come PLAIN_SPACING rounds apart
+            # (a speculating server learns nothing of its costs before it has them), later
+            # ones CAL_MIN_GAP apart
+            gap = (CAL_MIN_GAP if calibration is None or calibration.plain_time(bs) is not None
+                   else PLAIN_SPACING)
+            if (calibration is not None and calibration.needs_plain(bs)
+                    and self._rounds - self._calibrated_at >= gap):
                 self._calibrated_at = self._rounds
                 self.calibrating = True
                 return 1  # calibration round: time a plain round at this batch size
