@@ -6,7 +6,7 @@ counter or histogram created in the scheduler process writes its values to that 
 metrics below need no server of their own: create them where the worker runs, and they appear
 next to `sglang:*`. Monotonic counters and histograms, from which rates and ratios are derived in
 PromQL (README, "Metrics"), and one gauge in prometheus_client's `mostrecent` multiprocess mode
-(the last value any process set): the calibrated cost scale.
+(the last value any process set): the learned costs (cost scale, draft and per-token overhead).
 
 Terms (per request and round; draft length L = tokens in the verified chain [x_t, d_1..d_{L-1}]):
 
@@ -196,9 +196,15 @@ class DominoMetrics:
 
         self.cost_scale = Gauge(
             PREFIX + "cost_scale",
-            "Calibrated k: how many times the cost profile's speculative overhead this server's "
-            "rounds really take, at the batch size of the last timed round (policy.py; 1 = as "
-            "profiled).", names, registry=registry,
+            "Learned k: how many times the neutral prior's speculative overhead (L = 2) this "
+            "server's rounds really take, at the last timed batch size with costs of its own "
+            "(costs.py; 1 = as assumed).", names, registry=registry,
+            multiprocess_mode="mostrecent")
+        self.cost_learned = Gauge(
+            PREFIX + "cost_overhead",
+            "Learned overhead of a speculative round over a plain one, in plain rounds, at the "
+            "batch size of the last timed round (costs.py): part=draft (any L), part=per_token "
+            "(each verified token beyond the first).", [*names, "part"], registry=registry,
             multiprocess_mode="mostrecent")
 
         # Children created up front so every series exists (at 0) from the first scrape.
@@ -222,6 +228,8 @@ class DominoMetrics:
         self._draft_len = self.draft_len.labels(**lv)
         self._cost_scale = self.cost_scale.labels(**lv)
         self._cost_scale.set(1.0)
+        self._cost_parts = {p: self.cost_learned.labels(**lv, part=p) for p in ("draft",
+                                                                                 "per_token")}
 
     @classmethod
     def for_scheduler(cls, max_draft_len: int, device) -> DominoMetrics:
@@ -337,10 +345,15 @@ class DominoMetrics:
         self._lookup_rounds.inc(n)
         self._lookup_accepted.inc(accepted)
 
-    def record_cost_scale(self, k: float) -> None:
-        """The adaptive policy's calibrated cost scale k (policy.CostCalibration)."""
+    def record_cost_scale(self, k: float, draft: float | None = None,
+                          per_token: float | None = None) -> None:
+        """The adaptive policy's learned costs (costs.OnlineCosts): k (L = 2's overhead over the
+        prior's) and, when given, the draft and per-token overhead in plain rounds."""
         if self.enabled:
             self._cost_scale.set(k)
+            if draft is not None and per_token is not None:
+                self._cost_parts["draft"].set(draft)
+                self._cost_parts["per_token"].set(per_token)
 
     def record_kind(self, kind: str) -> None:
         """One batched round of `kind` (ROUND_KINDS)."""

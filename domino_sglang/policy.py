@@ -8,8 +8,9 @@ Cost model, in units of one plain decode step of the AR server at the same batch
     cost(bs, L) = 1 + DRAFT + slope(bs) * (L - 1)          L >= 2
     slope(bs)   = SLOPE_0 + SLOPE_PER_REQ * bs
 
-The constants depend on the hardware and the model dtype, so there is one `CostModel` per
-measured profile (`COSTS`), chosen by `cost_model(device, dtype)`:
+The constants depend on the hardware and the model dtype. `COSTS` records the profiles measured
+on CPUs (reference data for benchmarks and simulations; the server no longer decides with them,
+see "Costs on any device" below):
   - "cpu-bf16": SmolLM2-135M, bf16, 1 thread, 2-core Xeon with AMX
     (benchmarks/results/round_cost.md, fitted by hand with the fixed-block sweep's rounds);
     re-measured on an AMD EPYC with native bf16 and packed oneDNN linears
@@ -27,11 +28,9 @@ measured profile (`COSTS`), chosen by `cost_model(device, dtype)`:
     1, 4 and 16; larger batches are extrapolated): L = 2 costs 1.35 / 1.38 / 1.64 plain steps at
     bs 1 / 4 / 16 drafting short (before the attention fix: 1.26 / 1.07 at bs 1 / 4, DRAFT
     0.126, slope 0.0622 + 0.00375 bs). fp32 with short drafts is unmeasured and keeps the
-    cpu-fp32 profile (an overestimate: the calibration below scales it down).
-A GPU has not been measured (no GPU here): it gets the cpu-bf16 constants, which overestimate what
-verifying more tokens costs on a GPU (the policy errs towards plain decoding there), scaled by the
-calibration below from the GPU's own round times (unverified without a GPU). Env
-DOMINO_COST=DRAFT,SLOPE_0,SLOPE_PER_REQ overrides the profile (what fit_cost.py prints).
+    cpu-fp32 profile.
+A GPU has not been measured here. Env DOMINO_COST=DRAFT,SLOPE_0,SLOPE_PER_REQ (what
+fit_cost.py prints) replaces the learned costs' prior.
 
 DRAFT is the draft pass (one backbone pass over the whole block plus the head's first step),
 paid by any speculative round whatever L (drafting short blocks: its part that does not grow
@@ -85,38 +84,27 @@ without; a drafter that never pays loses ~0.3 % more to probes (0.988 vs 0.991 o
 rather than `decay`: forgetting as fast as judged rounds gains a little more after hard
 stretches (1.13 vs 1.11) but loses more where the drafter never pays (0.985).
 
-Calibration (`CostCalibration`): a profile measured on one CPU is off on another (an AVX2-only
-EPYC ran L = 2 at 1.53 plain steps where the cpu-fp32 profile says 1.72), a linear fit is off at
-some batch sizes even where it was fitted (above), and a GPU has no profile. So the server
-scales the profile's speculative overhead by k, learned from its own round times:
-    cost_k(bs, L) = 1 + k * (cost(bs, L) - 1)
-    sample of k  = (t(bs, L) / t_plain(bs) - 1) / (cost(bs, L) - 1)     from a round of L > 1
-where t is the wall time from one decode round's start to the next's (what a round really costs:
-the scheduler's own work included; a prefill in between voids the sample) and t_plain(bs) the
-low median of the last PLAIN_WINDOW plain rounds' times at that batch size (bucketed: exact to
-8, then 4 per octave; used once it has PLAIN_MIN, so a first round's one-off set-up cost does
-not count). Plain times are kept at most one per PLAIN_SPACING rounds, and a speculating
-server times a plain round again every CAL_REFRESH rounds: a spell of consecutive plain rounds
-(the policy decoding plainly through a hard passage) on a moment the machine runs slow once
-filled the whole window and, refreshed every 512 rounds, held t_plain ~15 % high and k at 0.40
-where the rounds said ~0.75 for hundreds of rounds; now it is a couple of the window's times,
-outvoted within a few refreshes, at the price of one plain round in 96 (~0.3 % of the
-throughput at c = 1). k is the median of the last K_WINDOW samples and the prior 1 (the profile as
-measured), clamped to [K_MIN, K_MAX]. A median, not a mean: on a noisy machine t / t_plain - 1
-of a cheap round can come out near 0 or negative, and a GC pause makes one huge; neither moves
-a median much. k is kept per batch-size bucket (the buckets of the plain times), because the
-profile's error depends on bs: the fp32 fit is over at bs 1 and under at bs 16, and the shipped
-bf16 drafter on the AMD EPYC pays k ~0.7 at bs 1-2 and ~1.0-1.2 at bs 4-8 (debug round times,
-2026-11-28: L = 3 is 1.33 plain rounds at bs 1 and 2, L = 2 is 1.5 at bs 4 and 8). One k for
-every bs, learned at low load, was carried to a load jump: the first c = 8 run after c = 4
-speculated at a loss (0.87x AR, benchmarks/results/throughput_stage22_c148_r5.md) until bs 8's
-own samples outvoted it. A bucket with fewer than K_OWN_MIN samples of its own uses
-max(1, k of the last K_WINDOW samples of any bucket): the profile as measured, or more where
-the machine pays more elsewhere, never less (a new load is priced cautiously: plain decoding
-until its probes say otherwise, not a speculation that may lose). A plainly
-decoding server learns k from its probes; a speculating one runs a plain round (a calibration
-round) when its batch size has too few or no fresh plain times, at most one every CAL_MIN_GAP
-rounds. DOMINO_CALIBRATE=0 keeps k = 1 (the profile as measured).
+Costs on any device (costs.py, `OnlineCosts`): the profiles above are recorded measurements
+of one machine each (kept for benchmarks/policy_sim.py, fit_cost.py and DOMINO_COST), not the
+server's prices. The server learns its own: per batch-size bucket, the draft and per-token
+overhead of a speculative round in units of its own plain round, from its round times,
+starting from a device-neutral prior (costs.NEUTRAL; `cost_model` returns it on every device).
+DOMINO_CALIBRATE=0 keeps the prior (or DOMINO_COST) as it is.
+
+The floor (`SpeculationPolicy.draft_len`): a round speculates only where it beats plain
+decoding by MARGIN with the estimates' doubt priced in: alpha's lower bound (Wilson interval,
+Z_ALPHA sd over the forgotten judged count) and the costs' upper bound (costs.Z sd of the fit).
+L is the best rate at the estimates' means if that L holds the floor, else the best rate at the
+bounds, else plain decoding (L = 1, what plain decoding costs). Plain rounds probe (L = 2)
+every probe_interval rounds (above), stretched by BACKOFF ** losses (at most MAX_LOSSES): a
+probe after which the policy still decodes plainly, and even alpha's Z_PROBE upper bound could
+not pay, is a loss; speculating resets the count, and while that upper bound could pay the
+probes keep their base spacing (a drafter just under break-even is not given up on). Plain
+rounds age the estimate only down to AGE_FLOOR judged drafts, so its bounds stay finite and a
+drafter that never pays is probed at most PROBE_BUDGET / BACKOFF ** MAX_LOSSES of the plain
+time; where even alpha = 1 could not pay (at the costs' means), never. Simulated on the
+recorded CPU round costs (benchmarks/policy_sim.py --recorded; docs/benchmark-history.md, issue
+69) and tested under GPU-like and CPU-like cost shapes (tests/test_policy_costs.py).
 
 Prompt lookup (lookup.py): a round in which every request has a copied draft runs no draft
 pass, so its cost is cost(bs, L) - DRAFT, and its acceptance is the copies', not the drafter's:
@@ -140,40 +128,30 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
-from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from domino_sglang.costs import (  # noqa: F401  (re-exported: the policy's price list)
+    CAL_MIN_GAP,
+    CAL_REFRESH,
+    NEUTRAL,
+    PLAIN_MIN,
+    PLAIN_SPACING,
+    CostModel,
+    OnlineCosts,
+    bs_bucket,
+)
+from domino_sglang.costs import Z as Z_COST
 
 MARGIN = 0.02
 PROBE_BUDGET = 0.02  # a probe's gross overhead per plain round's time
 NEAR_BUDGET = 0.005  # its expected loss (beyond the tokens it commits) per plain round's time
 PROBE_LEN = 2
 PLAIN_DECAY = 0.98  # how a plain round ages the acceptance estimate (a judged round: 0.95)
-K_MIN, K_MAX = 1 / 16, 16.0  # the range of k
-K_WINDOW = 31  # k samples kept per bucket: k is their median (and the prior 1's)
-K_OWN_MIN = 5  # a bucket's own samples needed before its k is used (else the cautious fallback)
-PLAIN_WINDOW, PLAIN_MIN = 9, 3  # plain-round times kept per bucket; needed before use
-PLAIN_SPACING = 8  # rounds between two plain times kept (a spell of plain rounds gives a few)
-CAL_MIN_GAP = 32  # rounds between two calibration rounds (plain rounds while speculating)
-CAL_REFRESH = 96  # rounds after which a batch size's plain time is measured again
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """cost(bs, L) = 1 + draft + (slope_0 + slope_per_req * bs) * (L - 1) plain decode steps."""
-
-    draft: float
-    slope_0: float
-    slope_per_req: float
-
-    def __call__(self, bs: int, draft_len: int) -> float:
-        if draft_len <= 1:
-            return 1.0
-        return 1.0 + self.draft + (self.slope_0 + self.slope_per_req * bs) * (draft_len - 1)
-
-    def scaled(self, k: float) -> CostModel:
-        """The model whose speculative overhead cost - 1 is k times this one's."""
-        return CostModel(k * self.draft, k * self.slope_0, k * self.slope_per_req)
+AGE_FLOOR = 4.0  # judged drafts plain rounds age the estimate down to (its bounds stay finite)
+Z_PROBE = 1.0  # ... and the upper bound that keeps probes at their base rate
+Z_ALPHA = 0.25  # alpha's lower bound: this many binomial sd under the estimate
+BACKOFF, MAX_LOSSES = 2, 3  # probe spacing x BACKOFF per losing probe, at most MAX_LOSSES times
 
 
 COSTS = {
@@ -186,10 +164,9 @@ DEFAULT_COST = COSTS["cpu-bf16"]
 
 def cost_model(device: str, dtype: str, override: str | None = None,
                short_draft: bool = False) -> tuple[str, CostModel]:
-    """(profile name, constants) for a target on `device` ("cpu" / "cuda") in `dtype`
-    ("float32", "bfloat16", ...), drafting the whole block or (`short_draft`) only the L tokens
-    verified; `override` (default: env DOMINO_COST) = "DRAFT,SLOPE_0,SLOPE_PER_REQ" replaces
-    the profile."""
+    """(name, constants) of the cost prior the server starts from (costs.NEUTRAL: the same for
+    any `device`, `dtype` and `short_draft`, learned from there; module docstring);
+    `override` (default: env DOMINO_COST) = "DRAFT,SLOPE_0,SLOPE_PER_REQ" replaces it."""
     if override is None:
         override = os.environ.get("DOMINO_COST")
     if override is not None:
@@ -203,11 +180,8 @@ def cost_model(device: str, dtype: str, override: str | None = None,
                              "SLOPE_PER_REQ (benchmarks/fit_cost.py prints them), "
                              f"got {override!r}")
         return "DOMINO_COST", CostModel(*values)
-    if device == "cpu" and dtype.removeprefix("torch.") == "float32":
-        return "cpu-fp32", COSTS["cpu-fp32"]  # short drafts unmeasured in fp32: see COSTS
-    if short_draft:
-        return "cpu-bf16-short", COSTS["cpu-bf16-short"]
-    return "cpu-bf16", DEFAULT_COST
+    # the same prior on every device, dtype and draft shape: the server learns its own costs
+    return "neutral (learned online)", NEUTRAL
 
 
 def round_cost(bs: int, draft_len: int, cost: CostModel = DEFAULT_COST) -> float:
@@ -266,10 +240,24 @@ class AcceptanceStats:
             return self.prior_alpha
         return self.accepted / self.judged
 
-    def forget(self, decay: float = PLAIN_DECAY) -> None:
-        """A round that judged no draft (plain decoding): the estimate ages, by `decay`."""
-        self.accepted *= decay
-        self.judged *= decay
+    def bounds(self, z: float | None = None) -> tuple[float, float]:
+        """(lower, upper): the Wilson score interval of z (default Z_ALPHA) sd around alpha
+        over the judged drafts (prior included, forgotten like them). Wilson, not alpha -+ z sd:
+        that is 0 wide at alpha 0 or 1, so a few failed probes would look certain."""
+        z = Z_ALPHA if z is None else z
+        n, alpha = max(self.judged, 1e-9), self.alpha
+        shrink = 1.0 + z * z / n
+        center = (alpha + z * z / (2 * n)) / shrink
+        half = z / shrink * math.sqrt(alpha * (1.0 - alpha) / n + z * z / (4 * n * n))
+        return max(center - half, 0.0), min(center + half, 1.0)
+
+    def forget(self, decay: float = PLAIN_DECAY, floor: float = 0.0) -> None:
+        """A round that judged no draft (plain decoding): the estimate ages, by `decay`, but
+        not below `floor` judged drafts (alpha unchanged either way)."""
+        if self.judged > floor:
+            decay = max(decay, floor / self.judged)
+            self.accepted *= decay
+            self.judged *= decay
 
     def update(self, accepted: int, judged: int) -> None:
         """One round: `accepted` drafts kept over `judged` drafts compared (a request with
@@ -278,84 +266,25 @@ class AcceptanceStats:
         self.judged = self.decay * self.judged + judged
 
 
-def bs_bucket(bs: int) -> int:
-    """The batch sizes sharing a plain-round time: exact up to 8, then 4 buckets per octave
-    (8, 10, 12, 14, 16, 20, ...)."""
-    if bs <= 8:
-        return bs
-    shift = bs.bit_length() - 3
-    return (bs >> shift) << shift
-
-
-@dataclass
-class CostCalibration:
-    """k, how many times the profile's speculative overhead this machine really pays, learned
-    from round times (module docstring, "Calibration")."""
-
-    samples: dict[int, deque] = field(default_factory=dict)  # bucket -> last k samples
-    recent: deque = field(default_factory=lambda: deque(maxlen=K_WINDOW))  # any bucket's
-    plain: dict[int, deque] = field(default_factory=dict)  # bucket -> last plain-round seconds
-    plain_at: dict[int, int] = field(default_factory=dict)  # bucket -> round of its last kept
-    rounds: int = 0  # timed rounds so far
-
-    def scale(self, bs: int) -> float:
-        """k at this batch size, within [K_MIN, K_MAX]: the median of its bucket's samples and
-        the prior 1 once the bucket has K_OWN_MIN samples; before, max(1, the median of the
-        recent samples of any bucket and the prior 1)."""
-        own = self.samples.get(bs_bucket(bs), ())
-        if len(own) >= K_OWN_MIN:
-            k = statistics.median([1.0, *own])
-        else:
-            k = max(1.0, statistics.median([1.0, *self.recent]))
-        return min(max(k, K_MIN), K_MAX)
-
-    def plain_time(self, bs: int) -> float | None:
-        """Seconds of a plain round at this batch size: the low median of the bucket's last
-        PLAIN_WINDOW plain rounds, once it has PLAIN_MIN (None before)."""
-        times = self.plain.get(bs_bucket(bs))
-        if times is None or len(times) < PLAIN_MIN:
-            return None
-        return statistics.median_low(times)
-
-    def observe(self, bs: int, draft_len: int, seconds: float, cost: CostModel) -> None:
-        """A round of bs requests verifying draft_len tokens took `seconds` (start to start)."""
-        self.rounds += 1
-        bucket = bs_bucket(bs)
-        if draft_len <= 1:
-            if self.rounds - self.plain_at.get(bucket, -PLAIN_SPACING) >= PLAIN_SPACING:
-                self.plain.setdefault(bucket, deque(maxlen=PLAIN_WINDOW)).append(seconds)
-                self.plain_at[bucket] = self.rounds
-            return
-        plain, overhead = self.plain_time(bs), cost(bs, draft_len) - 1.0
-        if plain is not None and overhead > 0.0:
-            k = (seconds / plain - 1.0) / overhead
-            self.samples.setdefault(bucket, deque(maxlen=K_WINDOW)).append(k)
-            self.recent.append(k)
-
-    def needs_plain(self, bs: int) -> bool:
-        """Whether a speculating server should time a plain round at this batch size: rounds
-        are being timed and the bucket has fewer than PLAIN_MIN plain times or its last is
-        CAL_REFRESH rounds old."""
-        at = self.plain_at.get(bs_bucket(bs))
-        return self.rounds > 0 and (self.plain_time(bs) is None or at is None
-                                    or self.rounds - at >= CAL_REFRESH)
-
-
 class SpeculationPolicy:
-    """Chooses each round's draft length; `enabled=False` always returns the full block."""
+    """Chooses each round's draft length; `enabled=False` always returns the full block.
+    `cost` is the prior the learned costs start from (`calibrate=True`, costs.OnlineCosts) or,
+    with `calibrate=False`, the costs as they are (simulations, DOMINO_CALIBRATE=0)."""
 
     def __init__(self, block: int, enabled: bool = True, stats: AcceptanceStats | None = None,
-                 cost: CostModel = DEFAULT_COST, calibrate: bool = True):
+                 cost: CostModel = NEUTRAL, calibrate: bool = True):
         self.block = block
         self.enabled = enabled
         self.stats = stats or AcceptanceStats()
         self.cost = cost
-        self.calibration = CostCalibration() if calibrate else None
+        self.calibration = OnlineCosts(prior=cost) if calibrate else None
         self._plain_rounds = 0
         self._rounds = 0
         self._calibrated_at = -CAL_MIN_GAP  # round of the last calibration round
         self.lookup_stats = AcceptanceStats()  # the copied drafts' alpha (lookup.py)
         self.calibrating = False  # the last draft_len was a calibration round (must stay plain)
+        self.losses = 0  # probes in a row after which the policy still decoded plainly
+        self._probed = False  # the last draft_len was a probe
 
     @classmethod
     def from_env(cls, block: int, cost: CostModel = DEFAULT_COST) -> SpeculationPolicy:
@@ -390,23 +319,62 @@ class SpeculationPolicy:
             return self.block
         self._rounds += 1
         self.calibrating = False
-        cost = self.effective_cost(bs)
-        chosen = choose_draft_len(bs, self.stats.alpha, self.block, cost=cost)
+        probed, self._probed = self._probed, False
+        chosen = self.speculative_len(bs)
         if chosen > 1:
-            self._plain_rounds = 0
-            if (self.calibration is not None and self.calibration.needs_plain(bs)
-                    and self._rounds - self._calibrated_at >= CAL_MIN_GAP):
+            self._plain_rounds = self.losses = 0
+            calibration = self.calibration
+            # the first PLAIN_MIN plain times of a batch size come PLAIN_SPACING rounds apart
+            # (a speculating server learns nothing of its costs before it has them), later
+            # ones CAL_MIN_GAP apart
+            gap = (CAL_MIN_GAP if calibration is None or calibration.plain_time(bs) is not None
+                   else PLAIN_SPACING)
+            if (calibration is not None and calibration.needs_plain(bs)
+                    and self._rounds - self._calibrated_at >= gap):
                 self._calibrated_at = self._rounds
                 self.calibrating = True
                 return 1  # calibration round: time a plain round at this batch size
             return chosen
+        mean = self.cost_fn(bs)
+        promising = self.promising(bs, mean)
+        if probed and not promising:  # a probe said speculation cannot pay yet
+            self.losses = min(self.losses + 1, MAX_LOSSES)
         self._plain_rounds += 1
-        self.stats.forget()  # a plain round ages the estimate too (PLAIN_DECAY)
-        interval = probe_interval(bs, self.block, cost, self.stats.alpha)
-        if interval is not None and self._plain_rounds >= interval:
+        self.stats.forget(floor=AGE_FLOOR)  # a plain round ages the estimate too (PLAIN_DECAY)
+        interval = probe_interval(bs, self.block, mean, self.stats.alpha)
+        backoff = 1 if promising else BACKOFF ** self.losses
+        if interval is not None and self._plain_rounds >= interval * backoff:
             self._plain_rounds = 0
+            self._probed = True
             return min(PROBE_LEN, self.block)  # probe: measure the drafter again, cheaply
         return 1
+
+    def speculative_len(self, bs: int) -> int:
+        """The floor (module docstring): the best L at the estimates' means if it beats plain
+        decoding by MARGIN at alpha's lower bound and the costs' upper bound; else the best L
+        at those bounds if one does; else 1."""
+        alpha = self.stats.alpha
+        low, _ = self.stats.bounds()
+        mean, high = self.cost_fn(bs), self.cost_fn(bs, Z_COST)
+        best = choose_draft_len(bs, alpha, self.block, cost=mean)
+        if best > 1 and expected_tokens(low, best) / high(bs, best) > 1.0 + MARGIN:
+            return best
+        return choose_draft_len(bs, low, self.block, cost=high)
+
+    def promising(self, bs: int, cost: Callable[[int, int], float]) -> bool:
+        """Whether speculation could pay at alpha's upper bound (Z_PROBE sd: wider than the
+        floor's, so a drafter just under break-even keeps being probed) and the costs' means:
+        a probe that leaves it so is not a loss (the doubt is worth resolving)."""
+        _, high = self.stats.bounds(Z_PROBE)
+        return choose_draft_len(bs, high, self.block, cost=cost) > 1
+
+    def cost_fn(self, bs: int, z: float = 0.0) -> Callable[[int, int], float]:
+        """cost(bs, L) in plain rounds at bs: the learned costs' mean (+ z sd), or the fixed
+        costs (calibration off)."""
+        calibration = self.calibration
+        if calibration is None:
+            return self.cost
+        return lambda b, draft_len: calibration.cost(b, draft_len, z)
 
     def may_copy_instead(self) -> bool:
         """Whether a round the policy made plain may still verify copied drafts: it chose plain
@@ -419,13 +387,21 @@ class SpeculationPolicy:
         whole copy with the policy off."""
         if not self.enabled:
             return 1 + longest
-        cost = self.effective_cost(bs)
-        no_draft = CostModel(0.0, cost.slope_0, cost.slope_per_req)
+        _, per_token = self.learned(bs)
         alpha = self.lookup_stats.alpha
         for draft_len in range(1 + longest, 1, -1):  # the longest chain that still pays
-            if expected_tokens(alpha, draft_len) / no_draft(bs, draft_len) > 1.0 + MARGIN:
+            if expected_tokens(alpha, draft_len) / (1.0 + per_token * (draft_len - 1)) > (
+                    1.0 + MARGIN):
                 return draft_len
         return 1
+
+    def learned(self, bs: int) -> tuple[float, float]:
+        """(draft, per_token) overhead of a speculative round at bs, in plain rounds: learned
+        (calibration on) or the fixed costs'."""
+        if self.calibration is None:
+            return self.cost.draft, self.cost.slope_0 + self.cost.slope_per_req * bs
+        draft, per_token, _ = self.calibration.learned(bs)
+        return draft, per_token
 
     def observe_lookup(self, accept_lens: list[int], draft_len: int) -> None:
         """accept_lens: a + 1 per copied request of a round that verified draft_len tokens."""
@@ -434,16 +410,18 @@ class SpeculationPolicy:
                                      sum(min(a1, draft_len - 1) for a1 in accept_lens))
 
     def effective_cost(self, bs: int) -> CostModel:
-        """The profile with its speculative overhead scaled by the calibrated k at this bs."""
+        """The costs in use at bs as a CostModel (learned means; the fixed ones, calibration
+        off)."""
         if self.calibration is None:
             return self.cost
-        return self.cost.scaled(self.calibration.scale(bs))
+        draft, per_token = self.learned(bs)
+        return CostModel(draft, per_token, 0.0)
 
     def observe_time(self, bs: int, draft_len: int, seconds: float) -> None:
         """A round of bs requests verifying draft_len tokens took `seconds`, from its start to
         the next round's start (the worker drops a round followed by a prefill)."""
         if self.calibration is not None and self.enabled and self.pinned is None:
-            self.calibration.observe(bs, draft_len, seconds, self.cost)
+            self.calibration.observe(bs, draft_len, seconds)
 
     def observe(self, accept_lens: list[int], draft_len: int) -> None:
         """accept_lens: a + 1 per request of a round that verified draft_len tokens."""

@@ -599,19 +599,21 @@ class DominoWorker(BaseSpecWorker):
         return now
 
     def report_cost_scale(self, bs: int, now: float) -> None:
-        """Export the calibrated k at the batch size of the round just timed; log it when it
-        moved by 10 % (at most once a minute)."""
+        """Export the learned costs at the batch size of the round just timed, once that batch
+        size has learned from rounds of its own (costs.py); log them when k moved by 10 % (at
+        most once a minute)."""
         calibration = self.policy.calibration
-        if calibration is None or not self.policy.enabled:
+        if calibration is None or not self.policy.enabled or not calibration.knows(bs):
             return
         k = calibration.scale(bs)
-        self.metrics.record_cost_scale(k)
+        draft, per_token, _ = calibration.learned(bs)
+        self.metrics.record_cost_scale(k, draft, per_token)
         logged, at = self._logged_scale
         if abs(k - logged) > 0.1 * logged and now - at > 60.0:
             self._logged_scale = (k, now)
-            logger.info("DOMINO cost calibration: this machine pays %.2fx the profile's "
-                        "speculative overhead at bs %d (%d rounds timed)", k, bs,
-                        calibration.rounds)
+            logger.info("DOMINO learned costs at bs %d: a speculative round costs 1 + %.3f + "
+                        "%.3f (L - 1) plain rounds, %.2fx the prior's overhead at L = 2 (%d "
+                        "rounds timed)", bs, draft, per_token, k, calibration.rounds)
 
     def record_fallbacks(self, bs: int, block: int, capped: list[bool] | None) -> None:
         """Request-rounds decoded without speculation, by reason: `one_token_requests` (capped

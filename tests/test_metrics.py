@@ -56,6 +56,9 @@ def test_record_round_counts():
     assert value(reg, "domino_cost_scale") == 1.0  # the profile as measured, until calibrated
     m.record_cost_scale(0.74)
     assert value(reg, "domino_cost_scale") == 0.74
+    m.record_cost_scale(0.8, draft=0.31, per_token=0.02)  # the learned costs (costs.py)
+    assert value(reg, "domino_cost_overhead", part="draft") == 0.31
+    assert value(reg, "domino_cost_overhead", part="per_token") == 0.02
     rounds = [[1, 3, 5], [2, 2], [5]]
     for accept in rounds:
         clock = RoundClock(cuda=False)

@@ -49,7 +49,7 @@ def scrape(server) -> dict[tuple[str, str], float]:
         name, _, labels = series.partition("{")
         keep = ",".join(sorted(lab for lab in labels.rstrip("}").split(",")
                                if lab and lab.split("=")[0] in ("position", "outcome", "reason",
-                                                                "kind", "le")))
+                                                                "kind", "le", "part")))
         out[(name, keep)] = out.get((name, keep), 0.0) + float(value)
     return out
 
@@ -128,9 +128,13 @@ def test_domino_counters_equal_per_request_stats(server, tokenizer):
     assert n > 0 and delta(after, before, "domino_verify_seconds_count") == n
     assert delta(after, before, "domino_draft_seconds_sum") > 0
     # the adaptive policy timed its rounds (a calibration round at bs 1, then speculative
-    # ones) and moved its cost scale off the profile's 1 (policy.CostCalibration)
+    # ones) and learned its costs off the neutral prior (costs.OnlineCosts): k != 1, and the
+    # learned draft and per-token overheads exported
     k = after[("domino_cost_scale", "")]
     assert k != 1.0 and 1 / 16 <= k <= 16
+    draft = after[("domino_cost_overhead", 'part="draft"')]
+    per_token = after[("domino_cost_overhead", 'part="per_token"')]
+    assert 0.0 <= draft < 16 and 0.0 <= per_token < 16 and (draft, per_token) != (0.36, 0.04)
     tau = (accepted + rounds) / rounds
     print(f"\n{len(stats)} requests: {rounds} rounds, {accepted} accepted drafts, tau {tau:.2f}, "
           f"head overrides right {right:.0f} / wrong {wrong:.0f}, cost scale k {k:.2f}")
