@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 
 import domino_sglang.policy  # noqa: E402
+from domino_sglang.bench.sim import serve  # noqa: E402
 from domino_sglang.policy import COSTS, CostModel, SpeculationPolicy, cost_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -59,25 +60,6 @@ SCENARIOS: dict[str, list[tuple[float, float, int | None]]] = {
     "stretches 0.2 x 60, 0.43 x 300": [(0.2, 0.2, 60), (0.43, 0.43, 300)],
     "stretches 0.1 x 30, 0.45 x 200": [(0.1, 0.1, 30), (0.45, 0.45, 200)],
 }
-
-
-def serve(policy: SpeculationPolicy, truth: Callable[[int], float], bs: int, rounds: int,
-          cost: CostModel, rng: random.Random) -> tuple[float, float]:
-    """`rounds` rounds of bs requests whose draft at position i is kept with probability
-    truth(i) given the ones before it were; (committed tokens per request, plain steps' time)."""
-    tokens = seconds = 0.0
-    for _ in range(rounds):
-        draft_len = policy.draft_len(bs)
-        accept_lens = []
-        for _ in range(bs):
-            a = 0
-            while a < draft_len - 1 and rng.random() < truth(a + 1):
-                a += 1
-            accept_lens.append(a + 1)
-        policy.observe(accept_lens, draft_len)
-        tokens += sum(accept_lens) / bs
-        seconds += cost(bs, draft_len)
-    return tokens, seconds
 
 
 def best_round(alphas: list[float], bs: int, block: int, cost: CostModel) -> tuple[float, float]:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from domino_sglang.policy import (
@@ -27,7 +24,6 @@ from domino_sglang.policy import (
 )
 
 B = 16
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_cost_model_matches_the_measurements():
@@ -39,39 +35,6 @@ def test_cost_model_matches_the_measurements():
     assert round_cost(16, 16) == pytest.approx(3.7, abs=0.1)
     assert round_cost(32, 16) == pytest.approx(5.2, abs=0.1)
     assert round_cost(32, 1) == 1.0
-
-
-@pytest.mark.parametrize("profile, tables, short_draft, n_points", [
-    ("cpu-fp32", ["round_cost_fp32.json"], False, 16),  # AMD EPYC, fp32, bs 1..32
-    ("cpu-bf16-short", ["round_cost_short_bf16_v2.json", "round_cost_short_bf16_v2_c16.json"],
-     True, 12),  # AMD EPYC, bf16, bs 1, 4 and 16
-])
-def test_profile_is_the_fit_of_its_recorded_table(profile, tables, short_draft, n_points):
-    # the constants are benchmarks/fit_cost.py's least squares over the recorded
-    # benchmarks/results/<tables> (`--short-draft`: the rounds drafting only their L tokens)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import fit_cost
-
-    paths = [ROOT / "benchmarks/results" / table for table in tables]
-    points = fit_cost.measured_points(paths, short_draft=short_draft)
-    assert len(points) == n_points
-    draft, slope_0, slope_per_req = fit_cost.fit(points)
-    cost = COSTS[profile]
-    assert cost.draft == pytest.approx(draft, abs=0.005)
-    assert cost.slope_0 == pytest.approx(slope_0, abs=0.0005)
-    assert cost.slope_per_req == pytest.approx(slope_per_req, abs=0.00005)
-    assert cost(8, 1) == 1.0
-
-
-def test_short_draft_rounds_are_cheaper_and_kept_apart():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import fit_cost
-
-    table = ROOT / "benchmarks/results/round_cost_short_bf16.json"
-    whole = fit_cost.measured_points([table])  # the same table's whole-block rounds
-    short = fit_cost.measured_points([table], short_draft=True)
-    assert len(whole) == len(short) == 8 and set(whole).isdisjoint(short)
-    assert COSTS["cpu-bf16-short"](1, 2) < COSTS["cpu-bf16"](1, 2)
 
 
 def test_cost_prior_is_the_same_on_every_device(monkeypatch):
@@ -208,8 +171,7 @@ def test_plain_rounds_age_the_estimate():
     # bounds (alpha's lower bound, the aging floor AGE_FLOOR: policy.py, "The floor")
     import random
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from policy_sim import serve  # the simulated drafter of benchmarks/policy_sim.py
+    from domino_sglang.bench.sim import serve  # the simulated drafter of benchmarks/policy_sim.py
 
     cost = COSTS["cpu-bf16"].scaled(0.85)
     assert choose_draft_len(2, 0.25, B, cost=cost) == 1 < choose_draft_len(2, 0.5, B, cost=cost)
