@@ -353,7 +353,7 @@ def _check_drafter(drafter: Path, target_cfg: dict | None, extra: list[str],
             t = target_cfg.get("text_config") or target_cfg  # multimodal configs nest it
             check_against_target(conf, t["hidden_size"], t["vocab_size"], t["num_hidden_layers"])
         load_draft_weights(conf)
-        load_draft_vocab(conf.path, conf.vocab_size, honour_env=False)
+        load_draft_vocab(conf.path, conf.vocab_size)
     except DrafterConfigError as exc:
         _fail(f"serve: {exc}")
 

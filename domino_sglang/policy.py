@@ -30,8 +30,9 @@ measured profile (`COSTS`), chosen by `cost_model(device, dtype)`:
     cpu-fp32 profile (an overestimate: the calibration below scales it down).
 A GPU has not been measured (no GPU here): it gets the cpu-bf16 constants, which overestimate what
 verifying more tokens costs on a GPU (the policy errs towards plain decoding there), scaled by the
-calibration below from the GPU's own round times (unverified without a GPU). Env
-DOMINO_COST=DRAFT,SLOPE_0,SLOPE_PER_REQ overrides the profile (what fit_cost.py prints).
+calibration below from the GPU's own round times (unverified without a GPU).
+--speculative-domino-debug-cost DRAFT,SLOPE_0,SLOPE_PER_REQ overrides the profile (what
+fit_cost.py prints).
 
 DRAFT is the draft pass (one backbone pass over the whole block plus the head's first step),
 paid by any speculative round whatever L (drafting short blocks: its part that does not grow
@@ -116,7 +117,7 @@ the machine pays more elsewhere, never less (a new load is priced cautiously: pl
 until its probes say otherwise, not a speculation that may lose). A plainly
 decoding server learns k from its probes; a speculating one runs a plain round (a calibration
 round) when its batch size has too few or no fresh plain times, at most one every CAL_MIN_GAP
-rounds. DOMINO_CALIBRATE=0 keeps k = 1 (the profile as measured).
+rounds. --speculative-domino-debug-calibrate off keeps k = 1 (the profile as measured).
 
 Prompt lookup (lookup.py): a round in which every request has a copied draft runs no draft
 pass, so its cost is cost(bs, L) - DRAFT, and its acceptance is the copies', not the drafter's:
@@ -129,9 +130,9 @@ acceptance is not geometric, and the geometric E(L) undervalues long chains. It 
 whether the drafter's policy chose L > 1 or plain decoding (a copy can pay where the drafter
 does not), but not on a calibration round.
 
-Switches: env DOMINO_ADAPTIVE=0 verifies the full block every round (fixed block);
-DOMINO_DRAFT_LEN=L pins L (measurement); DOMINO_DRAFT_LEN=L0,L1,.. cycles a pattern by the
-committed length n of the batch's first request (L = pattern[n mod len]): a deterministic mix of
+Switches (options.py): --speculative-domino-adaptive off verifies the full block every round
+(fixed block); --speculative-domino-debug-draft-len L pins L (measurement); L0,L1,.. cycles a
+pattern by the committed length n of the batch's first request (L = pattern[n mod len]): a deterministic mix of
 plain and speculative rounds that a one-request-at-a-time test can replay.
 Depends on nothing but the standard library.
 """
@@ -139,7 +140,6 @@ Depends on nothing but the standard library.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -184,25 +184,14 @@ COSTS = {
 DEFAULT_COST = COSTS["cpu-bf16"]
 
 
-def cost_model(device: str, dtype: str, override: str | None = None,
+def cost_model(device: str, dtype: str, override: tuple[float, float, float] | None = None,
                short_draft: bool = False) -> tuple[str, CostModel]:
     """(profile name, constants) for a target on `device` ("cpu" / "cuda") in `dtype`
     ("float32", "bfloat16", ...), drafting the whole block or (`short_draft`) only the L tokens
-    verified; `override` (default: env DOMINO_COST) = "DRAFT,SLOPE_0,SLOPE_PER_REQ" replaces
-    the profile."""
-    if override is None:
-        override = os.environ.get("DOMINO_COST")
+    verified; `override` = (DRAFT, SLOPE_0, SLOPE_PER_REQ) replaces the profile
+    (--speculative-domino-debug-cost, parsed by options.py)."""
     if override is not None:
-        parts = override.split(",")
-        try:
-            values = [float(v) for v in parts]
-        except ValueError:
-            values = []
-        if len(values) != 3 or not all(math.isfinite(v) and v >= 0 for v in values):
-            raise ValueError("DOMINO_COST must be three non-negative numbers DRAFT,SLOPE_0,"
-                             "SLOPE_PER_REQ (benchmarks/fit_cost.py prints them), "
-                             f"got {override!r}")
-        return "DOMINO_COST", CostModel(*values)
+        return "debug-cost", CostModel(*override)
     if device == "cpu" and dtype.removeprefix("torch.") == "float32":
         return "cpu-fp32", COSTS["cpu-fp32"]  # short drafts unmeasured in fp32: see COSTS
     if short_draft:
@@ -358,23 +347,17 @@ class SpeculationPolicy:
         self.calibrating = False  # the last draft_len was a calibration round (must stay plain)
 
     @classmethod
-    def from_env(cls, block: int, cost: CostModel = DEFAULT_COST) -> SpeculationPolicy:
-        """DOMINO_ADAPTIVE=0: the full block every round; DOMINO_DRAFT_LEN=L (1..B): L every
-        round (for measuring the cost model, benchmarks/round_cost.py); L0,L1,..: a pattern
-        cycled by committed length (tests); DOMINO_CALIBRATE=0: the profile's costs as they are
-        (no calibration from round times)."""
-        policy = cls(block, enabled=os.environ.get("DOMINO_ADAPTIVE", "1") != "0", cost=cost,
-                     calibrate=os.environ.get("DOMINO_CALIBRATE", "1") != "0")
-        pinned = os.environ.get("DOMINO_DRAFT_LEN")
-        if pinned is not None:
-            lens = pinned.split(",")
-            if not all(n.strip().isdigit() and 1 <= int(n) <= block for n in lens):
-                raise ValueError(f"DOMINO_DRAFT_LEN must be an integer in 1..{block} (the block "
-                                 f"size) or a comma-separated list of them, got {pinned!r}")
-            policy.pinned = tuple(int(n) for n in lens)
+    def from_config(cls, config, cost: CostModel = DEFAULT_COST) -> SpeculationPolicy:
+        """The policy of a server (options.DominoConfig): `adaptive` off = the full block every
+        round; `draft_len` (L0,L1,.. in 1..B, validated by options.py) = L0 every round, or a
+        pattern cycled by committed length (measuring the cost model, tests); `calibrate` off =
+        the profile's costs as they are (no calibration from round times)."""
+        policy = cls(config.block_size, enabled=config.adaptive, cost=cost,
+                     calibrate=config.calibrate)
+        policy.pinned = config.draft_len
         return policy
 
-    pinned: tuple[int, ...] | None = None  # DOMINO_DRAFT_LEN, overriding the policy
+    pinned: tuple[int, ...] | None = None  # --speculative-domino-debug-draft-len, overriding
 
     @property
     def cycles(self) -> bool:

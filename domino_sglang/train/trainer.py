@@ -787,7 +787,7 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
     feats = TargetFeatures(target, list(dconf.target_layer_ids), getattr(torch, conf.feature_dtype),
                            out / "features" if conf.feature_cache else None,
                            conf.distill_topk if conf.distill else 0, device)
-    vocab = (load_draft_vocab(out, dconf.vocab_size, honour_env=False) if conf.draft_vocab
+    vocab = (load_draft_vocab(out, dconf.vocab_size) if conf.draft_vocab
              else None)  # [Vd] token ids
     export = {VOCAB_FILE: (out / VOCAB_FILE).read_text()} if vocab is not None else None
     if vocab is not None:
