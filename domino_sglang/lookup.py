@@ -17,7 +17,6 @@ Replaying the target's greedy answers to the first 20 MT-Bench / HumanEval / GSM
 
 from __future__ import annotations
 
-
 import torch
 
 MIN_MATCH = 2  # suffix tokens that must recur: a 1-token match mostly copies noise

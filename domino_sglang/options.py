@@ -28,8 +28,9 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, Callable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,6 @@ requests draw from q and verify against it. p(c) is 0 where the served p has no 
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 

@@ -132,8 +132,8 @@ does not), but not on a calibration round.
 
 Switches (options.py): --speculative-domino-adaptive off verifies the full block every round
 (fixed block); --speculative-domino-debug-draft-len L pins L (measurement); L0,L1,.. cycles a
-pattern by the committed length n of the batch's first request (L = pattern[n mod len]): a deterministic mix of
-plain and speculative rounds that a one-request-at-a-time test can replay.
+pattern by the committed length n of the batch's first request (L = pattern[n mod len]): a
+deterministic mix of plain and speculative rounds that a one-request-at-a-time test can replay.
 Depends on nothing but the standard library.
 """
 

@@ -154,9 +154,8 @@ class DominoWorker(BaseSpecWorker):
         self.copy_gate = gate.to(head_dtype) if gate is not None and head_dtype else gate
         self.copy_indexes: dict[str, CopyIndex] = {}
         # or on the device (pointer.copy_index_on_device: CUDA by default)
-        self.device_histories = (DeviceHistories(self.device)
-                                 if gate is not None and copy_index_on_device(self.device, opts.copy_index)
-                                 else None)
+        on_device = gate is not None and copy_index_on_device(self.device, opts.copy_index)
+        self.device_histories = DeviceHistories(self.device) if on_device else None
         self.round_copied: torch.Tensor | None = None  # set by propose (metrics)
         if self.head.vocab is not None:
             logger.info("DOMINO draft vocabulary: %d of %d tokens (%s)",
@@ -251,8 +250,8 @@ class DominoWorker(BaseSpecWorker):
 
     def counted_decode_round(self, batch, on_publish, grammar_barrier) -> GenerationBatchResult:
         """decode_round under a host-sync counter (syncs.py); one JSON line per round to the file
-        --speculative-domino-debug-sync-log: the round's kind, batch size, L, whether it sampled / used the pointer
-        copy path, and the synchronisations by origin and kind (domino sites included)."""
+        of --speculative-domino-debug-sync-log: the round's kind, batch size, L, whether it
+        sampled / used the pointer copy path, and the synchronisations by origin and kind (domino sites included)."""
         import json
 
         from domino_sglang.syncs import SyncCounter
