@@ -251,7 +251,8 @@ class DominoWorker(BaseSpecWorker):
     def counted_decode_round(self, batch, on_publish, grammar_barrier) -> GenerationBatchResult:
         """decode_round under a host-sync counter (syncs.py); one JSON line per round to the file
         of --speculative-domino-debug-sync-log: the round's kind, batch size, L, whether it
-        sampled / used the pointer copy path, and the synchronisations by origin and kind (domino sites included)."""
+        sampled / used the pointer copy path, and the synchronisations by origin and kind
+        (domino sites included)."""
         import json
 
         from domino_sglang.syncs import SyncCounter
