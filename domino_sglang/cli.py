@@ -391,6 +391,19 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     return 0  # unreachable
 
 
+def _serve_epilog() -> str:
+    """The DOMINO flags SGLang takes after `--` (options.py), for `serve --help`."""
+    from domino_sglang.options import FLAGS
+
+    lines = ["DOMINO options, passed to SGLang after `--` (see `python -m sglang.launch_server "
+             "--help`), e.g.", "  domino-sglang serve -- --speculative-domino-adaptive off", ""]
+    for flag in FLAGS:
+        lines.append(f"  {flag.name} {flag.metavar}")
+    lines += ["  --domino-allowed-origins, --domino-allowed-hosts, --domino-max-request-bytes, "
+              "--domino-request-guards on|off"]
+    return "\n".join(lines)
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="domino-sglang", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -478,6 +491,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "serve", help="launch the SGLang server (extra SGLang flags after `--`)",
+        epilog=_serve_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=30000)
