@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from domino_sglang.options import resolve
 from domino_sglang.policy import (
     CAL_MIN_GAP,
     CAL_REFRESH,
@@ -29,6 +31,7 @@ from domino_sglang.policy import (
 )
 
 B = 16
+DRAFTER = SimpleNamespace(candidate_pool=0, short_draft=False, draft_temperature_scale=1.0)
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -76,20 +79,19 @@ def test_short_draft_rounds_are_cheaper_and_kept_apart():
     assert COSTS["cpu-bf16-short"](1, 2) < COSTS["cpu-bf16"](1, 2)
 
 
-def test_cost_profile_by_device_and_dtype(monkeypatch):
-    monkeypatch.delenv("DOMINO_COST", raising=False)
+def test_cost_profile_by_device_and_dtype():
     assert cost_model("cpu", "torch.float32") == ("cpu-fp32", COSTS["cpu-fp32"])
     assert cost_model("cpu", "torch.bfloat16") == ("cpu-bf16", COSTS["cpu-bf16"])
     assert cost_model("cuda", "torch.float32")[0] == "cpu-bf16"  # GPU: unmeasured, see policy.py
     assert cost_model("cpu", "torch.bfloat16", short_draft=True) == (
         "cpu-bf16-short", COSTS["cpu-bf16-short"])
     assert cost_model("cpu", "torch.float32", short_draft=True)[0] == "cpu-fp32"  # unmeasured
-    monkeypatch.setenv("DOMINO_COST", "0.5,0.1,0.01")
-    assert cost_model("cpu", "torch.float32") == ("DOMINO_COST", CostModel(0.5, 0.1, 0.01))
-    for bad in ("0.5,0.1", "a,b,c", "0.5,-0.1,0.01", "0.5,nan,0.1", ""):
-        monkeypatch.setenv("DOMINO_COST", bad)
-        with pytest.raises(ValueError, match="DOMINO_COST must be three non-negative numbers"):
-            cost_model("cpu", "torch.float32")
+    assert cost_model("cpu", "torch.float32", override=(0.5, 0.1, 0.01)) == (
+        "debug-cost", CostModel(0.5, 0.1, 0.01))
+    for bad in ("0.5,0.1", "a,b,c", "0.5,-0.1,0.01", "0.5,nan,0.1", ""):  # refused by options.py
+        with pytest.raises(ValueError, match="--speculative-domino-debug-cost must be three "
+                                             "non-negative numbers"):
+            resolve(DRAFTER, B, {"cost": bad})
 
 
 @pytest.mark.parametrize(("bs", "alpha", "expected_bf16", "expected_fp32"), [
@@ -256,25 +258,24 @@ def test_truncated_geometric_estimate():
     assert stats.alpha == pytest.approx(4 / 6)
 
 
-def test_switched_off_is_fixed_block(monkeypatch):
-    monkeypatch.setenv("DOMINO_ADAPTIVE", "0")
-    policy = SpeculationPolicy.from_env(B)
+def test_switched_off_is_fixed_block():
+    policy = SpeculationPolicy.from_config(resolve(DRAFTER, B, {"adaptive": "off"}))
     for _ in range(40):
         policy.observe([1] * 8, B)
     assert policy.draft_len(32) == B
 
 
-def test_pinned_draft_len(monkeypatch):
-    monkeypatch.setenv("DOMINO_DRAFT_LEN", "3")
-    assert SpeculationPolicy.from_env(B).draft_len(32) == 3
-    monkeypatch.setenv("DOMINO_DRAFT_LEN", "16,1")  # a pattern, by the committed length
-    policy = SpeculationPolicy.from_env(B)
+def test_pinned_draft_len():
+    def pinned(text: str) -> SpeculationPolicy:
+        return SpeculationPolicy.from_config(resolve(DRAFTER, B, {"draft_len": text}))
+
+    assert pinned("3").draft_len(32) == 3
+    policy = pinned("16,1")  # a pattern, by the committed length
     assert policy.cycles
     assert [policy.draft_len(4, n) for n in (100, 101, 102, 7)] == [16, 1, 16, 1]
     for bad in ("0", "17", "x", "4,", "2,0"):
-        monkeypatch.setenv("DOMINO_DRAFT_LEN", bad)
-        with pytest.raises(ValueError, match="must be an integer in 1..16 .* list"):
-            SpeculationPolicy.from_env(B)
+        with pytest.raises(ValueError, match="--speculative-domino-debug-draft-len must be"):
+            pinned(bad)
 
 
 # ---- calibration of the cost profile from round times ----
@@ -458,7 +459,7 @@ def test_calibration_lets_an_overcautious_profile_speculate():
     assert tail.count(1) <= 200 // CAL_REFRESH + 1  # calibration rounds: one per CAL_REFRESH
 
 
-def test_calibration_rounds_are_rare_and_switchable(monkeypatch):
+def test_calibration_rounds_are_rare_and_switchable():
     policy = SpeculationPolicy(B, stats=fixed_alpha(0.9), cost=FP32)  # a good drafter
     chosen = run(policy, FP32, 8, 10 * CAL_MIN_GAP)
     assert chosen[0] > 1 and chosen[1] == 1  # bs 8 has no plain time: measure one
@@ -476,14 +477,13 @@ def test_calibration_rounds_are_rare_and_switchable(monkeypatch):
     plain = [i for i, n in enumerate(chosen) if n == 1]
     assert all(b - a >= CAL_MIN_GAP for a, b in zip(plain, plain[1:]))
     assert policy.calibration.scale(8) == pytest.approx(1.0, rel=0.02)  # the profile is right
-    monkeypatch.setenv("DOMINO_CALIBRATE", "0")
-    off = SpeculationPolicy.from_env(B, cost=FP32)
+    off = SpeculationPolicy.from_config(resolve(DRAFTER, B, {"calibrate": "off"}), cost=FP32)
     assert off.calibration is None
     off.observe_time(1, 1, STEP)
     off.observe_time(1, 2, 100 * STEP)
     assert off.effective_cost(1) == FP32
-    monkeypatch.setenv("DOMINO_CALIBRATE", "1")
-    assert SpeculationPolicy.from_env(B, cost=FP32).calibration is not None
+    assert SpeculationPolicy.from_config(resolve(DRAFTER, B, {"calibrate": "on"}),
+                                         cost=FP32).calibration is not None
 
 
 def test_the_prior_is_forgotten_at_low_load():
