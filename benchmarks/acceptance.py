@@ -15,10 +15,12 @@ takes the first N of each set (this CPU decodes ~7 tok/s). Per dataset and metho
                    (delta of domino_accepted_tokens_by_position_total / rounds; DOMINO only)
     decode tok/s   completion tokens / time after the first token, over the whole set (c = 1)
 
-"DOMINO backbone-only" is the same checkpoint with the head switched off (DOMINO_HEAD=0): the
-DFlash baseline; for a pointer drafter (pointer.py) its copy path stays on, and "DOMINO head and
-copy off" (`bare`, DOMINO_COPY=0 too) is the baseline proper. All of these verify the full block
-every round (DOMINO_ADAPTIVE=0) drafted by the drafter alone (DOMINO_LOOKUP=0). "DOMINO +
+"DOMINO backbone-only" is the same checkpoint with the head switched off
+(--speculative-domino-debug-head off): the DFlash baseline; for a pointer drafter (pointer.py)
+its copy path stays on, and "DOMINO head and copy off" (`bare`, --speculative-domino-debug-copy
+off too) is the baseline proper. All of these verify the full block every round
+(--speculative-domino-adaptive off) drafted by the drafter alone (--speculative-domino-lookup
+off). "DOMINO +
 lookup" adds prompt lookup (lookup.py: a request whose last tokens recur in its own history
 verifies the copy instead); "DOMINO adaptive" is the default
 server (lookup on), whose policy may verify fewer tokens, down to plain decoding rounds.
@@ -64,6 +66,11 @@ from domino_sglang.local_server import sse_chunks, start_server  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 DATASETS = {"mtbench": 80, "humaneval": 164, "gsm8k": 200}
 
+# DOMINO options (options.py), passed to SGLang after `--`
+D = "--speculative-domino-"
+FIXED = [D + "adaptive", "off"]  # the full block every round
+OWN = [D + "lookup", "off"]  # the drafter's own drafts (no prompt lookup)
+
 # method -> (label, `domino-sglang serve` flags ({drafter} filled in), extra environment)
 METHODS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     "ar": ("AR", ["--no-speculation"], {}),
@@ -71,26 +78,24 @@ METHODS: dict[str, tuple[str, list[str], dict[str, str]]] = {
                         "--speculative-num-draft-tokens", "{block}"], {}),
     # acceptance is a property of the drafter: the full block is verified every round, drafted
     # by the drafter alone (no prompt lookup)
-    "backbone": ("DOMINO head off", ["--drafter", "{drafter}"],
-                 {"DOMINO_HEAD": "0", "DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}),
+    "backbone": ("DOMINO head off",
+        ["--drafter", "{drafter}", "--", D + "debug-head", "off", *FIXED, *OWN], {}),
     # a pointer drafter's backbone without its copy path either: the DFlash baseline proper
     # (the same as "backbone" for a drafter without a copy gate)
-    "bare": ("DOMINO head and copy off", ["--drafter", "{drafter}"],
-             {"DOMINO_HEAD": "0", "DOMINO_COPY": "0", "DOMINO_ADAPTIVE": "0",
-              "DOMINO_LOOKUP": "0"}),
-    "domino": ("DOMINO", ["--drafter", "{drafter}"],
-               {"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}),
+    "bare": ("DOMINO head and copy off",
+        ["--drafter", "{drafter}", "--", D + "debug-head", "off", D + "debug-copy", "off", *FIXED,
+        *OWN], {}),
+    "domino": ("DOMINO", ["--drafter", "{drafter}", "--", *FIXED, *OWN], {}),
     # a pointer drafter's head without its copy path (the 2 x 2 of head and copy)
-    "nocopy": ("DOMINO copy off", ["--drafter", "{drafter}"],
-               {"DOMINO_COPY": "0", "DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}),
+    "nocopy": ("DOMINO copy off",
+        ["--drafter", "{drafter}", "--", D + "debug-copy", "off", *FIXED, *OWN], {}),
     # the same, sampled drafts at the request's own temperature (draft_temperature_scale 1;
     # the shipped drafter samples at 0.6 T): differs from "domino" at --temperature > 0 only
-    "domino-s1": ("DOMINO at T", ["--drafter", "{drafter}"],
-                  {"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0",
-                   "DOMINO_DRAFT_TEMPERATURE_SCALE": "1"}),
+    "domino-s1": ("DOMINO at T",
+        ["--drafter", "{drafter}", "--", *FIXED, *OWN, D + "draft-temperature-scale", "1"], {}),
     # the full block, copied from the request's own history where its last tokens recur
     # (lookup.py; then no draft pass and L = 1 + the copy)
-    "lookup": ("DOMINO + lookup", ["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "0"}),
+    "lookup": ("DOMINO + lookup", ["--drafter", "{drafter}", "--", *FIXED], {}),
     # as served by default: lookup, and policy.py may verify fewer tokens (down to plain
     # decoding)
     "adaptive": ("DOMINO adaptive", ["--drafter", "{drafter}"], {}),

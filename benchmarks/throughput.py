@@ -11,8 +11,8 @@ output tokens/s, TTFT p50, mean inter-token latency, tau (committed tokens per v
 sglang:spec_verify_calls_total), k (the adaptive policy's calibrated cost scale after the point,
 `domino_cost_scale`; 1 = the profile as measured) and the speed-up over AR at the same point:
 the ratio of the median runs and, with --repeats > 1, the paired estimate (`paired_speedup`).
-"fixed" verifies the whole block every round (DOMINO_ADAPTIVE=0); "adaptive" lets policy.py pick
-the draft length.
+"fixed" verifies the whole block every round (--speculative-domino-adaptive off); "adaptive" lets
+policy.py pick the draft length.
 Output: benchmarks/results/<out>.json, .md (command, machine, revision, date) and .png.
 
     python benchmarks/throughput.py --concurrency 1 2 4 8 16 32 --max-tokens 64
@@ -36,31 +36,34 @@ from serving import RESULTS, mixed_prompts, one_request, run_point  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 from domino_sglang.local_server import start_server  # noqa: E402
 
+# DOMINO options (options.py), passed to SGLang after `--`
+D = "--speculative-domino-"
+FIXED = [D + "adaptive", "off"]  # the full block every round
+OWN = [D + "lookup", "off"]  # the drafter's own drafts (no prompt lookup)
+
 # method -> (`domino-sglang serve` flags [-- SGLang flags], environment)
 METHODS: dict[str, tuple[list[str], dict[str, str]]] = {
     "ar": (["--no-speculation"], {}),
     # AR without SGLang's overlap scheduler, which DOMINO's synchronous rounds do not use yet:
     # isolates what overlap scheduling alone is worth on this machine
     "ar-sync": (["--no-speculation", "--", "--disable-overlap-schedule"], {}),
-    "domino-fixed": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "0"}),
-    "domino-adaptive": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1"}),
+    "domino-fixed": (["--drafter", "{drafter}", "--", *FIXED], {}),
+    "domino-adaptive": (["--drafter", "{drafter}"], {}),  # adaptive: the default
     # the adaptive policy without prompt lookup (lookup.py): Domino's drafts only
-    "domino-adaptive-nolookup": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1",
-                                                              "DOMINO_LOOKUP": "0"}),
+    "domino-adaptive-nolookup": (["--drafter", "{drafter}", "--", *OWN], {}),
     # sampled drafts at the request's own temperature (draft_temperature_scale 1, sampling.py)
-    "domino-adaptive-s1": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1",
-                                                        "DOMINO_DRAFT_TEMPERATURE_SCALE": "1"}),
+    "domino-adaptive-s1": (["--drafter", "{drafter}", "--", D + "draft-temperature-scale", "1"],
+                           {}),
     # the adaptive policy on its cost profile as measured, without calibration from round times
-    "domino-adaptive-uncal": (["--drafter", "{drafter}"], {"DOMINO_ADAPTIVE": "1",
-                                                           "DOMINO_CALIBRATE": "0"}),
+    "domino-adaptive-uncal": (["--drafter", "{drafter}", "--", D + "debug-calibrate", "off"], {}),
     # every round plain (L = 1): what serving through the DOMINO worker costs with no
     # speculation at all (the adaptive policy's floor, probes and warm-up aside)
-    "domino-plain": (["--drafter", "{drafter}"], {"DOMINO_DRAFT_LEN": "1"}),
+    "domino-plain": (["--drafter", "{drafter}", "--", D + "debug-draft-len", "1"], {}),
     # every round verifies L = 2 / 3 / 4 chain tokens: what the adaptive policy could get at a
     # fixed short length (does its alpha estimate leave speedup behind?)
-    "domino-l2": (["--drafter", "{drafter}"], {"DOMINO_DRAFT_LEN": "2"}),
-    "domino-l3": (["--drafter", "{drafter}"], {"DOMINO_DRAFT_LEN": "3"}),
-    "domino-l4": (["--drafter", "{drafter}"], {"DOMINO_DRAFT_LEN": "4"}),
+    "domino-l2": (["--drafter", "{drafter}", "--", D + "debug-draft-len", "2"], {}),
+    "domino-l3": (["--drafter", "{drafter}", "--", D + "debug-draft-len", "3"], {}),
+    "domino-l4": (["--drafter", "{drafter}", "--", D + "debug-draft-len", "4"], {}),
 }
 
 
@@ -144,15 +147,19 @@ def main() -> None:
     ap.add_argument("--base-tree", type=Path, default=None,
                     help="another checkout of this repository: adds method <m>-base for each "
                          "of --base-methods (<m> served by that checkout's domino_sglang), e.g. "
-                         "a `git worktree` of the parent")
+                         "a `git worktree` of the parent (a checkout older than the "
+                         "--speculative-domino-* flags took them as DOMINO_* environment "
+                         "variables: serve it only methods without them, e.g. ar, "
+                         "domino-adaptive)")
     ap.add_argument("--base-methods", nargs="+", default=["ar"], choices=list(METHODS),
                     help="the methods --base-tree serves too (default: ar)")
     ap.add_argument("--base-drafter", type=Path, default=None,
                     help="the drafter the -base methods serve (default: --drafter's), e.g. "
                          "the base tree's own shipped one to compare drafters")
     ap.add_argument("--cost", default=None, metavar="DRAFT,SLOPE_0,SLOPE_PER_REQ",
-                    help="serve every DOMINO method on this cost profile (env DOMINO_COST, "
-                         "policy.py), e.g. a wrong one, to see what calibration recovers")
+                    help="serve every DOMINO method on this cost profile "
+                         "(--speculative-domino-debug-cost, policy.py), e.g. a wrong one, to "
+                         "see what calibration recovers")
     ap.add_argument("--out", default="throughput")
     args = ap.parse_args()
     if (min(args.concurrency) < 1 or args.max_tokens < 1 or min(args.temperatures) < 0
@@ -161,15 +168,16 @@ def main() -> None:
                  "--temperatures >= 0")
 
     if args.cost is not None:
-        from domino_sglang.policy import cost_model
+        from domino_sglang.options import BY_FIELD, DominoOptionError
 
         try:
-            cost_model("cpu", "float32", override=args.cost)
-        except ValueError as exc:
-            ap.error(f"--cost: {exc}")
+            BY_FIELD["cost"].parse(args.cost, "--cost")
+        except DominoOptionError as exc:
+            ap.error(str(exc))
         for m, (flags, env) in list(METHODS.items()):
             if m.startswith("domino"):
-                METHODS[m] = (flags, {**env, "DOMINO_COST": args.cost})
+                sep = [] if "--" in flags else ["--"]
+                METHODS[m] = ([*flags, *sep, D + "debug-cost", args.cost], env)
     if args.base_tree is not None:
         if not (args.base_tree / "domino_sglang" / "__init__.py").is_file():
             ap.error(f"--base-tree: no domino_sglang package in {args.base_tree}")
@@ -237,7 +245,8 @@ def main() -> None:
            "rows": rows, "runs": runs}
     (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=2) + "\n")
     median = f", median of {args.repeats} runs" if args.repeats > 1 else ""
-    cost = f"- DOMINO methods on cost profile DOMINO_COST={args.cost}\n" if args.cost else ""
+    cost = (f"- DOMINO methods on cost profile --speculative-domino-debug-cost {args.cost}\n"
+            if args.cost else "")
     if base_drafter != drafter:
         cost += f"- the -base methods' drafter: `{base_drafter}`\n"
     lines = [f"## Throughput sweep ({args.max_tokens} output tokens, ignore_eos, {args.dtype}"
