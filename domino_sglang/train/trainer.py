@@ -669,8 +669,9 @@ def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
         a = start (x_a, the prefill's token, is the first bonus); repeat while a < T - 1:
         draft [x_a, MASK x (B-1)] from the features of positions < a, k = longest prefix of
         drafts equal to x_{a+1..}, a += k + 1
-    draft_lens: the worker's pinned pattern (DOMINO_DRAFT_LEN=L0,L1,..): a round at committed
-    length a verifies L = draft_lens[a mod len] chain tokens (L - 1 drafts; L = 1: plain, a += 1).
+    draft_lens: the worker's pinned pattern (--speculative-domino-debug-draft-len L0,L1,..): a
+    round at committed length a verifies L = draft_lens[a mod len] chain tokens (L - 1 drafts;
+    L = 1: plain, a += 1).
     short_draft: a round of L < B drafts [x_a, MASK x (L-1)] alone (the worker's short draft).
     Equal to the served spec_verify_ct when serving computes what the drafter computes.
     """
