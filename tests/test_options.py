@@ -126,6 +126,9 @@ def test_the_launcher_logs_the_config_once(caplog, tmp_path):
     with pytest.raises(algorithm.DominoArgsError, match="--speculative-domino-debug-draft-len "
                                                         "must be integers in 1.."):
         algorithm.resolve_server_args(args)
+    args._domino_flags, args.speculative_token_map = {}, str(tmp_path / "missing.json")
+    with pytest.raises(algorithm.DominoArgsError, match="missing.json: not a regular file"):
+        algorithm.resolve_server_args(args)  # --speculative-token-map is read at start-up
 
 
 def test_policy_and_cost_follow_the_config():
