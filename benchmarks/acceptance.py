@@ -15,10 +15,12 @@ takes the first N of each set (this CPU decodes ~7 tok/s). Per dataset and metho
                    (delta of domino_accepted_tokens_by_position_total / rounds; DOMINO only)
     decode tok/s   completion tokens / time after the first token, over the whole set (c = 1)
 
-"DOMINO backbone-only" is the same checkpoint with the head switched off (DOMINO_HEAD=0): the
-DFlash baseline; for a pointer drafter (pointer.py) its copy path stays on, and "DOMINO head
-and copy off" (`domino-bare`, DOMINO_COPY=0 too) is the baseline proper. All of these verify the
-full block every round (DOMINO_ADAPTIVE=0) drafted by the drafter alone (DOMINO_LOOKUP=0). "DOMINO +
+"DOMINO backbone-only" is the same checkpoint with the head switched off
+(--speculative-domino-debug-head off): the DFlash baseline; for a pointer drafter (pointer.py)
+its copy path stays on, and "DOMINO head and copy off" (`domino-bare`,
+--speculative-domino-debug-copy off too) is the baseline proper. All of these verify the full
+block every round (--speculative-domino-adaptive off) drafted by the drafter alone
+(--speculative-domino-lookup off). "DOMINO +
 lookup" adds prompt lookup (lookup.py: a request whose last tokens recur in its own history
 verifies the copy instead); "DOMINO adaptive" is the default
 server (lookup on), whose policy may verify fewer tokens, down to plain decoding rounds.

@@ -7,8 +7,9 @@ decode steps, is linear in its three constants:
 
 so they are the least-squares solution over every measured (bs, L) point of one or more
 `benchmarks/round_cost.py` JSON files (L = 1 points are not part of the fit: a plain round
-costs 1 by definition). Prints the constants, the residuals per point and a `DOMINO_COST`
-value that a server can be started with to use them (or a `CostModel(...)` line for policy.py).
+costs 1 by definition). Prints the constants, the residuals per point and a
+`--speculative-domino-debug-cost` value that a server can be started with to use them (or a
+`CostModel(...)` line for policy.py).
 
     python benchmarks/fit_cost.py benchmarks/results/round_cost_fp32.json
     python benchmarks/fit_cost.py --short-draft benchmarks/results/round_cost_short_bf16.json
@@ -75,7 +76,7 @@ def main() -> int:
     for bs, n, cost in sorted(points):
         model = 1 + draft + (slope_0 + slope_per_req * bs) * (n - 1)
         print(f"| {bs} | {n} | {cost:.2f} | {model:.2f} |")
-    print(f"DOMINO_COST={draft:.3f},{slope_0:.4f},{slope_per_req:.5f}")
+    print(f"--speculative-domino-debug-cost {draft:.3f},{slope_0:.4f},{slope_per_req:.5f}")
     return 0
 
 

@@ -1,10 +1,7 @@
 """The one table of named serving configurations ("methods") every benchmark selects from
 (throughput.py, acceptance.py, serving.py): a name, a label for tables and plots, the
-`domino-sglang serve` flags (SGLang's own after "--"; {drafter} and {block} filled in) and the
-serving switches still given as DOMINO_* environment variables.
-
-When the switches become `--speculative-domino-*` server flags (issue 65), each method's `env`
-moves into its `serve` flags here, and no benchmark changes.
+`domino-sglang serve` flags (SGLang's own and DOMINO's `--speculative-domino-*` options after
+"--"; {drafter} and {block} filled in) and any extra environment (a base tree's PYTHONPATH).
 
 Old names stay accepted (ALIASES): acceptance.py's `backbone`, `bare`, `domino`, `nocopy`,
 `domino-s1`, `lookup`, `adaptive`; serving.py's `domino` (now `domino-drafter`, the full block
@@ -34,8 +31,13 @@ class Method:
         return flags[:cut] + ["--dtype", dtype], flags[cut + 1:]
 
     def with_env(self, **extra: str) -> Method:
-        """The same method with more environment (e.g. DOMINO_COST, PYTHONPATH of a base tree)."""
+        """The same method with more environment (e.g. the PYTHONPATH of a base tree)."""
         return replace(self, env={**self.env, **extra})
+
+    def with_options(self, *options: str) -> Method:
+        """The same method with more SGLang / DOMINO flags (after `--`)."""
+        sep = () if "--" in self.serve else ("--",)
+        return replace(self, serve=(*self.serve, *sep, *options))
 
     @property
     def speculative(self) -> bool:
@@ -43,10 +45,17 @@ class Method:
         return "--no-speculation" not in self.serve
 
 
-_DRAFTER = ("--drafter", "{drafter}")
+D = "--speculative-domino-"  # DOMINO's options (domino_sglang/options.py), SGLang flags
+
+
+def _domino(*options: str) -> tuple[str, ...]:
+    """`domino-sglang serve` flags of a DOMINO method with these DOMINO options after `--`."""
+    return ("--drafter", "{drafter}", *(("--", *options) if options else ()))
+
+
 # acceptance is a property of the drafter: the full block verified every round, drafted by the
 # drafter alone (no prompt lookup)
-_FULL_BLOCK = {"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}
+_FULL_BLOCK = (D + "adaptive", "off", D + "lookup", "off")
 
 METHODS: Mapping[str, Method] = MappingProxyType({
     "ar": Method("AR", ("--no-speculation",)),
@@ -57,39 +66,38 @@ METHODS: Mapping[str, Method] = MappingProxyType({
     "ngram": Method("NGRAM", ("--no-speculation", "--", "--speculative-algorithm", "NGRAM",
                               "--speculative-num-draft-tokens", "{block}")),
     # the drafter alone, full block every round (tau is the drafter's)
-    "domino-drafter": Method("DOMINO", _DRAFTER, _FULL_BLOCK),
+    "domino-drafter": Method("DOMINO", _domino(*_FULL_BLOCK)),
     # the same with the head off: the DFlash baseline; a pointer drafter keeps its copy path
-    "domino-backbone": Method("DOMINO head off", _DRAFTER, {**_FULL_BLOCK, "DOMINO_HEAD": "0"}),
+    "domino-backbone": Method("DOMINO head off", _domino(*_FULL_BLOCK, D + "debug-head", "off")),
     # a pointer drafter's backbone without its copy path either: the DFlash baseline proper
     # (the same as domino-backbone for a drafter without a copy gate)
-    "domino-bare": Method("DOMINO head and copy off", _DRAFTER,
-                          {**_FULL_BLOCK, "DOMINO_HEAD": "0", "DOMINO_COPY": "0"}),
+    "domino-bare": Method("DOMINO head and copy off",
+                          _domino(*_FULL_BLOCK, D + "debug-head", "off", D + "debug-copy", "off")),
     # a pointer drafter's head without its copy path (the 2 x 2 of head and copy)
-    "domino-nocopy": Method("DOMINO copy off", _DRAFTER, {**_FULL_BLOCK, "DOMINO_COPY": "0"}),
+    "domino-nocopy": Method("DOMINO copy off", _domino(*_FULL_BLOCK, D + "debug-copy", "off")),
     # sampled drafts at the request's own temperature (draft_temperature_scale 1; the shipped
     # drafter samples at 0.6 T): differs from domino-drafter at temperature > 0 only
-    "domino-drafter-s1": Method("DOMINO at T", _DRAFTER,
-                                {**_FULL_BLOCK, "DOMINO_DRAFT_TEMPERATURE_SCALE": "1"}),
+    "domino-drafter-s1": Method("DOMINO at T",
+                                _domino(*_FULL_BLOCK, D + "draft-temperature-scale", "1")),
     # the full block every round, copied from the request's own history where its last tokens
     # recur (lookup.py; then no draft pass and L = 1 + the copy)
-    "domino-fixed": Method("DOMINO + lookup", _DRAFTER, {"DOMINO_ADAPTIVE": "0"}),
+    "domino-fixed": Method("DOMINO + lookup", _domino(D + "adaptive", "off")),
     # as served by default: lookup on, and policy.py may verify fewer tokens (down to plain
     # decoding)
-    "domino-adaptive": Method("DOMINO adaptive", _DRAFTER),
+    "domino-adaptive": Method("DOMINO adaptive", _domino()),
     # the adaptive policy without prompt lookup: Domino's drafts only
-    "domino-adaptive-nolookup": Method("DOMINO adaptive, no lookup", _DRAFTER,
-                                       {"DOMINO_LOOKUP": "0"}),
-    "domino-adaptive-s1": Method("DOMINO adaptive at T", _DRAFTER,
-                                 {"DOMINO_DRAFT_TEMPERATURE_SCALE": "1"}),
-    # the adaptive policy on its cost profile as measured, without calibration from round times
-    "domino-adaptive-uncal": Method("DOMINO adaptive, uncalibrated", _DRAFTER,
-                                    {"DOMINO_CALIBRATE": "0"}),
+    "domino-adaptive-nolookup": Method("DOMINO adaptive, no lookup", _domino(D + "lookup", "off")),
+    "domino-adaptive-s1": Method("DOMINO adaptive at T",
+                                 _domino(D + "draft-temperature-scale", "1")),
+    # the adaptive policy on its cost prior as it is, without learning costs from round times
+    "domino-adaptive-uncal": Method("DOMINO adaptive, uncalibrated",
+                                    _domino(D + "debug-calibrate", "off")),
     # every round plain (L = 1): what serving through the DOMINO worker costs with no
     # speculation at all (the adaptive policy's floor, probes and warm-up aside)
-    "domino-plain": Method("DOMINO plain rounds", _DRAFTER, {"DOMINO_DRAFT_LEN": "1"}),
+    "domino-plain": Method("DOMINO plain rounds", _domino(D + "debug-draft-len", "1")),
     # every round verifies L = 2 / 3 / 4 chain tokens: what the adaptive policy could get at a
     # fixed short length
-    **{f"domino-l{n}": Method(f"DOMINO L = {n}", _DRAFTER, {"DOMINO_DRAFT_LEN": str(n)})
+    **{f"domino-l{n}": Method(f"DOMINO L = {n}", _domino(D + "debug-draft-len", str(n)))
        for n in (2, 3, 4)},
 })
 

@@ -40,9 +40,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def serve_records(drafter: Path, prompts: dict[str, list[list[int]]], max_tokens: int,
                   head: bool) -> dict[str, list[dict]]:
     """Greedy generations of the DOMINO server (fixed block): ids, start, served verify rounds."""
-    env = {"DOMINO_ADAPTIVE": "0", "DOMINO_HEAD": "1" if head else "0"}
+    options = ["--speculative-domino-adaptive", "off",
+               "--speculative-domino-debug-head", "on" if head else "off"]
     out: dict[str, list[dict]] = {}
-    with start_server("replay", ["--drafter", str(drafter)], env=env) as srv:
+    with start_server("replay", ["--drafter", str(drafter)], options) as srv:
         for name, items in prompts.items():
             out[name] = []
             for i, ids in enumerate(items):

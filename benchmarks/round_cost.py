@@ -1,12 +1,12 @@
 """Measure the adaptive policy's cost model: the wall time of a DOMINO round verifying L tokens
 per request, relative to a plain decode step of the AR server, at several batch sizes.
 
-For each L a DOMINO server pins the draft length (env DOMINO_DRAFT_LEN=L); an AR server gives the
-plain step. At concurrency c, `c` streamed chat completions of `--max-tokens` tokens run at once
-(ignore_eos, temperature 0), so the batch holds c requests; the mean gap between streamed chunks is
-the round time (one chunk per request per round). cost(c, L) = gap(DOMINO, L) / gap(AR), with
-the AR gap measured right next to the DOMINO one (the AR server stays up; order alternating), so
-this machine's drift over minutes (+-30% and more) does not enter the ratio.
+For each L a DOMINO server pins the draft length (--speculative-domino-debug-draft-len L); an AR
+server gives the plain step. At concurrency c, `c` streamed chat completions of `--max-tokens`
+tokens run at once (ignore_eos, temperature 0), so the batch holds c requests; the mean gap between
+streamed chunks is the round time (one chunk per request per round). cost(c, L) = gap(DOMINO, L) /
+gap(AR), with the AR gap measured right next to the DOMINO one (the AR server stays up; order
+alternating), so this machine's drift over minutes (+-30% and more) does not enter the ratio.
 The fitted constants of domino_sglang/policy.py come from this table (benchmarks/fit_cost.py).
 
     python benchmarks/round_cost.py --lens 1 2 4 8 16 --concurrency 1 4 16 32
@@ -41,10 +41,12 @@ def main() -> None:
                     help="server dtype (default: the CPU server's, cpu/dtype.py)")
     ap.add_argument("--plain-verify", action="store_true",
                     help="also time L=1 as a one-token TARGET_VERIFY forward "
-                         "(DOMINO_PLAIN_DECODE=0) next to the default DECODE forward")
+                         "(--speculative-domino-debug-plain-decode off) next to the default DECODE "
+                         "forward")
     ap.add_argument("--short-draft", action="store_true",
                     help="also time each L >= 2 drafting only its L tokens "
-                         "(DOMINO_SHORT_DRAFT=1) next to drafting the whole block")
+                         "(--speculative-domino-debug-short-draft on) next to drafting the whole "
+                         "block")
     ap.add_argument("--out", default="round_cost")
     args = ap.parse_args()
     if min(args.lens) < 1 or min(args.concurrency) < 1 or args.max_tokens < 2:
@@ -55,18 +57,19 @@ def main() -> None:
     drafter = args.drafter or str(shipped_drafter_dir())
     prov = provenance.collect()
     servers = []
-    # every round drafted by the drafter (DOMINO_LOOKUP=0): a copied round skips the draft pass,
-    # which the profile prices separately (policy.lookup_len)
-    own = {"DOMINO_LOOKUP": "0"}
+    # every round drafted by the drafter (no prompt lookup): a copied round skips the draft pass,
+    # which the profile prices separately (policy.lookup_len); DOMINO options (options.py)
+    d = "--speculative-domino-"
+    own = [d + "lookup", "off"]
     for n in args.lens:
         servers.append((f"L={n}", ["--drafter", drafter],
-                        {**own, "DOMINO_DRAFT_LEN": str(n), "DOMINO_SHORT_DRAFT": "0"}))
+                        [*own, d + "debug-draft-len", str(n), d + "debug-short-draft", "off"]))
         if args.short_draft and n >= 2:
             servers.append((f"L={n} short draft", ["--drafter", drafter],
-                            {**own, "DOMINO_DRAFT_LEN": str(n), "DOMINO_SHORT_DRAFT": "1"}))
+                            [*own, d + "debug-draft-len", str(n), d + "debug-short-draft", "on"]))
     if args.plain_verify:
         servers.append(("L=1 (verify forward)", ["--drafter", drafter],
-                        {**own, "DOMINO_DRAFT_LEN": "1", "DOMINO_PLAIN_DECODE": "0"}))
+                        [*own, d + "debug-draft-len", "1", d + "debug-plain-decode", "off"]))
     gaps: dict[str, dict[int, float]] = {}
     ar_gaps: dict[int, list[float]] = {}
     cost: dict[str, dict[int, float]] = {}
@@ -82,9 +85,9 @@ def main() -> None:
     with start_server("cost-ar", ["--no-speculation", "--dtype", args.dtype],
                       threads=args.threads) as ar:
         one_request(ar.url, "Hello!", 8)  # warm-up
-        for name, flags, env in servers:
-            with start_server(f"cost-{name}", flags + ["--dtype", args.dtype],
-                              threads=args.threads, env=env) as server:
+        for name, flags, options in servers:
+            with start_server(f"cost-{name}", flags + ["--dtype", args.dtype], options,
+                              threads=args.threads) as server:
                 one_request(server.url, "Hello!", 8)
                 for i, c in enumerate(args.concurrency):
                     if i % 2 == 0:

@@ -11,8 +11,8 @@ output tokens/s, TTFT p50, mean inter-token latency, tau (committed tokens per v
 sglang:spec_verify_calls_total), k (the adaptive policy's calibrated cost scale after the point,
 `domino_cost_scale`; 1 = the profile as measured) and the speed-up over AR at the same point:
 the ratio of the median runs and, with --repeats > 1, the paired estimate (`paired_speedup`).
-"fixed" verifies the whole block every round (DOMINO_ADAPTIVE=0); "adaptive" lets policy.py pick
-the draft length.
+"fixed" verifies the whole block every round (--speculative-domino-adaptive off); "adaptive" lets
+policy.py pick the draft length.
 Output: benchmarks/results/<out>.json, .md (command, machine, revision, date) and .png.
 
     python benchmarks/throughput.py --concurrency 1 2 4 8 16 32 --max-tokens 64
@@ -85,15 +85,19 @@ def main() -> None:
     ap.add_argument("--base-tree", type=Path, default=None,
                     help="another checkout of this repository: adds method <m>-base for each "
                          "of --base-methods (<m> served by that checkout's domino_sglang), e.g. "
-                         "a `git worktree` of the parent")
+                         "a `git worktree` of the parent (a checkout older than the "
+                         "--speculative-domino-* flags took them as DOMINO_* environment "
+                         "variables: serve it only methods without them, e.g. ar, "
+                         "domino-adaptive)")
     ap.add_argument("--base-methods", nargs="+", default=["ar"], choices=CHOICES,
                     help="the methods --base-tree serves too (default: ar)")
     ap.add_argument("--base-drafter", type=Path, default=None,
                     help="the drafter the -base methods serve (default: --drafter's), e.g. "
                          "the base tree's own shipped one to compare drafters")
     ap.add_argument("--cost", default=None, metavar="DRAFT,SLOPE_0,SLOPE_PER_REQ",
-                    help="serve every DOMINO method on this cost profile (env DOMINO_COST, "
-                         "policy.py), e.g. a wrong one, to see what calibration recovers")
+                    help="serve every DOMINO method on this cost profile "
+                         "(--speculative-domino-debug-cost, policy.py), e.g. a wrong one, to "
+                         "see what calibration recovers")
     ap.add_argument("--out", default="throughput")
     args = ap.parse_args()
     args.methods = list(dict.fromkeys(canonical(m) for m in args.methods))
@@ -105,15 +109,15 @@ def main() -> None:
                  "--temperatures >= 0")
 
     if args.cost is not None:
-        from domino_sglang.policy import cost_model
+        from domino_sglang.options import BY_FIELD, DominoOptionError
 
         try:
-            cost_model("cpu", "float32", override=args.cost)
-        except ValueError as exc:
-            ap.error(f"--cost: {exc}")
+            BY_FIELD["cost"].parse(args.cost, "--cost")
+        except DominoOptionError as exc:
+            ap.error(str(exc))
         for m, method in methods.items():
             if method.speculative:
-                methods[m] = method.with_env(DOMINO_COST=args.cost)
+                methods[m] = method.with_options("--speculative-domino-debug-cost", args.cost)
     if args.base_tree is not None:
         if not (args.base_tree / "domino_sglang" / "__init__.py").is_file():
             ap.error(f"--base-tree: no domino_sglang package in {args.base_tree}")
@@ -177,7 +181,8 @@ def main() -> None:
            "rows": rows, "runs": runs}
     (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=2) + "\n")
     median = f", median of {args.repeats} runs" if args.repeats > 1 else ""
-    cost = f"- DOMINO methods on cost profile DOMINO_COST={args.cost}\n" if args.cost else ""
+    cost = (f"- DOMINO methods on cost profile --speculative-domino-debug-cost {args.cost}\n"
+            if args.cost else "")
     if base_drafter != drafter:
         cost += f"- the -base methods' drafter: `{base_drafter}`\n"
     lines = [f"## Throughput sweep ({args.max_tokens} output tokens, ignore_eos, {args.dtype}"

@@ -16,7 +16,9 @@ stays False, so SGLang's own DFLASH worker and argument handler are never used.
 from __future__ import annotations
 
 import logging
-import os
+
+from domino_sglang import options
+from domino_sglang.options import POOL_FLAG, POOL_FLAG_DEFAULT
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +118,15 @@ def resolve_server_args(server_args) -> None:
                                  or getattr(server_args, "model_path", None))
     except DrafterConfigError as exc:
         raise DominoArgsError(str(exc)) from exc
+    try:  # the serving options (options.py), refused here, before any process is spawned
+        config = options.for_server(server_args, conf, conf.block_size)
+        if config.token_map is not None:
+            from domino_sglang.vocab import load_draft_vocab_file
+
+            load_draft_vocab_file(config.token_map, conf.vocab_size)
+    except (options.DominoOptionError, DrafterConfigError) as exc:
+        raise DominoArgsError(str(exc)) from exc
+    logger.info("%s", config.line())
     _set(server_args, "speculative_num_steps", 1, "one parallel draft pass per round")
     _set(server_args, "speculative_eagle_topk", 1, "chain verification")
     _set(server_args, "speculative_num_draft_tokens", conf.block_size,
@@ -275,54 +286,3 @@ def cumulate_penalties(batch) -> None:
     orchestrator = batch.sampling_info.penalizer_orchestrator
     if orchestrator is not None and orchestrator.is_required:
         batch.cumulate_penalty_output_tokens()
-
-
-def _env_number(name: str, default: float, kind: type, valid, requirement: str) -> float:
-    """Env `name` parsed as `kind` (int or float) and checked by `valid`, else `default`; a bad
-    value is a one-line DominoArgsError naming the variable and `requirement`."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = kind(raw)
-    except ValueError as exc:
-        raise DominoArgsError(f"{name} must be {requirement}, got {raw!r}") from exc
-    if not valid(value):
-        raise DominoArgsError(f"{name} must be {requirement}, got {value}")
-    return value
-
-
-# SGLang's own Domino flag and its default (srt/arg_groups/fields/spec.py)
-POOL_FLAG, POOL_FLAG_DEFAULT = "--speculative-domino-candidate-pool-size", 2048
-
-
-def sglang_candidate_pool() -> int | None:
-    """`--speculative-domino-candidate-pool-size` as SGLang resolved it, or None outside a
-    server (nothing published)."""
-    try:
-        from sglang.srt.runtime_context import get_spec
-
-        return int(get_spec().speculative_domino_candidate_pool_size)
-    except Exception:
-        return None
-
-
-def candidate_pool_from_env(default: int) -> int:
-    """Head candidate-pool size: env DOMINO_CANDIDATE_POOL, else SGLang's
-    --speculative-domino-candidate-pool-size when given a value other than its default (2048),
-    else the draft config's (`default`)."""
-    flag = sglang_candidate_pool()
-    if flag is not None and flag != POOL_FLAG_DEFAULT:
-        if flag < 0:
-            raise DominoArgsError(f"{POOL_FLAG} must be an integer >= 0, got {flag}")
-        default = flag
-    return _env_number("DOMINO_CANDIDATE_POOL", default, int, lambda v: v >= 0,
-                       "an integer >= 0")
-
-
-def draft_temperature_scale_from_env(default: float) -> float:
-    """Draft temperature scale of sampled requests (sampling.py `sampled_rollout`): env
-    DOMINO_DRAFT_TEMPERATURE_SCALE overrides the draft config (measurement; 1 = the request's
-    own temperature)."""
-    return _env_number("DOMINO_DRAFT_TEMPERATURE_SCALE", default, float,
-                       lambda v: 0 < v < float("inf"), "a finite number > 0")

@@ -353,7 +353,7 @@ def _check_drafter(drafter: Path, target_cfg: dict | None, extra: list[str],
             t = target_cfg.get("text_config") or target_cfg  # multimodal configs nest it
             check_against_target(conf, t["hidden_size"], t["vocab_size"], t["num_hidden_layers"])
         load_draft_weights(conf)
-        load_draft_vocab(conf.path, conf.vocab_size, honour_env=False)
+        load_draft_vocab(conf.path, conf.vocab_size)
     except DrafterConfigError as exc:
         _fail(f"serve: {exc}")
 
@@ -389,6 +389,19 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     os.environ.update(env)
     os.execv(cmd[0], cmd)
     return 0  # unreachable
+
+
+def _serve_epilog() -> str:
+    """The DOMINO flags SGLang takes after `--` (options.py), for `serve --help`."""
+    from domino_sglang.options import FLAGS
+
+    lines = ["DOMINO options, passed to SGLang after `--` (see `python -m sglang.launch_server "
+             "--help`), e.g.", "  domino-sglang serve -- --speculative-domino-adaptive off", ""]
+    for flag in FLAGS:
+        lines.append(f"  {flag.name} {flag.metavar}")
+    lines += ["  --domino-allowed-origins, --domino-allowed-hosts, --domino-max-request-bytes, "
+              "--domino-request-guards on|off"]
+    return "\n".join(lines)
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -484,6 +497,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "serve", help="launch the SGLang server (extra SGLang flags after `--`)",
+        epilog=_serve_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=30000)

@@ -1,5 +1,10 @@
 """Guards the stock SGLang 0.5.23 server lacks, installed by the plugin in every SGLang process.
 
+They apply to every server the plugin is installed in, DOMINO or not (they fix SGLang's own 500s
+and crashes); `--domino-request-guards off` (server_flags.py) turns off the request checks below
+(bodies, token ids, logprob counts). The log redaction and the access rules (security.py:
+origins, hosts, admin routes) stay on either way.
+
 - Out-of-vocabulary prompt token ids (`/generate` `input_ids`, a token-id `prompt` on
   `/v1/completions`) reach the target's embedding unchecked and raise IndexError in the
   scheduler, which kills the whole server: one request is a denial of service. They are refused
@@ -93,7 +98,12 @@ def install_log_redaction(argv: list[str] | None = None) -> list[str]:
 def check_input_ids(tokenizer_manager, obj, input_ids) -> None:
     """BEFORE hook of `TokenizerManager._validate_one_request`: every prompt id, every id asked
     for in `token_ids_logprob`, and `top_logprobs_num` within the vocabulary (each out of range
-    killed the scheduler: IndexError in the embedding, `torch.topk` out of range)."""
+    killed the scheduler: IndexError in the embedding, `torch.topk` out of range). Off with
+    --domino-request-guards off (in the process that parsed it; elsewhere the default, on)."""
+    from domino_sglang import server_flags
+
+    if not server_flags.current().request_guards:
+        return
     vocab = tokenizer_manager.model_config.vocab_size
     if input_ids and isinstance(input_ids, list) and not isinstance(input_ids[0], list):
         _check_ids(input_ids, vocab, "input_ids")
@@ -322,8 +332,9 @@ def install_http_guards(server_args) -> bool:
         return False
     options = server_flags.current()
     try:
-        http.app.add_middleware(RequestGuard, max_bytes=options.max_request_bytes,
-                               server_args=server_args)
+        if options.request_guards:  # --domino-request-guards off: SGLang's own handling
+            http.app.add_middleware(RequestGuard, max_bytes=options.max_request_bytes,
+                                   server_args=server_args)
         security.install(http.app, server_args, options)
     except RuntimeError:  # Starlette refuses once the app has started
         logging.getLogger(__name__).warning("domino_sglang: HTTP app already started; the "

@@ -17,8 +17,6 @@ Replaying the target's greedy answers to the first 20 MT-Bench / HumanEval / GSM
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 MIN_MATCH = 2  # suffix tokens that must recur: a 1-token match mostly copies noise
@@ -110,12 +108,3 @@ def has_recurring_suffix(history: list[int], min_match: int = MIN_MATCH) -> bool
         if history[start:start + min_match] == suffix:
             return True
         start += 1
-
-
-def lookup_from_env() -> bool:
-    """Whether the worker drafts by prompt lookup where it can: env DOMINO_LOOKUP=1 (default)
-    or 0 (Domino drafts only: measuring the drafter alone, benchmarks/acceptance.py)."""
-    value = os.environ.get("DOMINO_LOOKUP", "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"DOMINO_LOOKUP must be 0 or 1, got {value!r}")
-    return value == "1"

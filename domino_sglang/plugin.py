@@ -1,7 +1,18 @@
 """SGLang plugin entry point: registers our pieces with SGLang, once per process.
 
 SGLang calls `register()` (through the `sglang.srt.plugins` entry point) in the launcher and in
-every scheduler / detokenizer process it spawns, before parsing server arguments.
+every scheduler / detokenizer process it spawns, before parsing server arguments, so what it
+installs cannot depend on them; each piece limits itself instead:
+  - CPU: the oneDNN linears (cpu/linear.py) patch SGLang only under its CPU engine
+    (SGLANG_USE_CPU_ENGINE=1); the `domino_cpu` attention backend is only added to the registry
+    and the choices of `--attention-backend` (used when named, or by DOMINO on the CPU).
+  - DOMINO: the algorithm is registered so that `--speculative-algorithm DOMINO` parses; its
+    hooks (algorithm.py: `clip_max_new_tokens`, `cumulate_penalties`,
+    `refuse_unsupported_outputs`) return at once unless the server's speculative algorithm is
+    DOMINO, and the worker and drafter model class are only built when it is.
+  - Every server: the request guards and access rules (guards.py, security.py), which fix
+    stock SGLang 500s and crashes (`--domino-request-guards off` turns the request checks off),
+    and the plugin's flags (server_flags.py, options.py).
 """
 
 from __future__ import annotations

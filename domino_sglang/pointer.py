@@ -26,8 +26,6 @@ requests draw from q and verify against it. p(c) is 0 where the served p has no 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
@@ -90,16 +88,6 @@ def copy_wins(log_p_pick: torch.Tensor, log_p_cand: torch.Tensor, cand: torch.Te
     """Greedy argmax of q [..] bool: the candidate beats the drafter's own pick when
     (1 - g) p(c) + g > (1 - g) p(pick)."""
     return (cand >= 0) & (torch.logaddexp(log_1mg + log_p_cand, log_g) > log_1mg + log_p_pick)
-
-
-def copy_from_env() -> bool:
-    """Whether a pointer drafter drafts with its copy path: env DOMINO_COPY=1 (default) or 0
-    (p alone, its gate ignored: with DOMINO_HEAD=0 the bare backbone, the DFlash baseline of the
-    same checkpoint; benchmarks/acceptance.py "bare"). Lossless either way: only drafts change."""
-    value = os.environ.get("DOMINO_COPY", "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"DOMINO_COPY must be 0 or 1, got {value!r}")
-    return value == "1"
 
 
 class CopyIndex:
@@ -250,17 +238,16 @@ class DevicePointerCopy(PointerCopy):
             self.won.append(won)
 
 
-def copy_index_on_device(device: torch.device | str) -> bool:
+def copy_index_on_device(device: torch.device | str, where: str | None = None) -> bool:
     """Whether the worker keeps copy indexes on the device (DeviceHistories + DevicePointerCopy:
     no host synchronisation per draft position) or on the host (CopyIndex: dict lookups, the
-    cheaper choice where host and device are one). Env DOMINO_COPY_INDEX=device / host; by
-    default device on CUDA, host on the CPU."""
-    value = os.environ.get("DOMINO_COPY_INDEX")
-    if value is None:
+    cheaper choice where host and device are one). `where` = "device" / "host"
+    (--speculative-domino-debug-copy-index); by default device on CUDA, host on the CPU."""
+    if where is None:
         return torch.device(device).type != "cpu"
-    if value not in ("device", "host"):
-        raise ValueError(f"DOMINO_COPY_INDEX must be 'device' or 'host', got {value!r}")
-    return value == "device"
+    if where not in ("device", "host"):
+        raise ValueError(f"copy index must be 'device' or 'host', got {where!r}")
+    return where == "device"
 
 
 class DeviceHistories:

@@ -29,8 +29,8 @@ see "Costs on any device" below):
     bs 1 / 4 / 16 drafting short (before the attention fix: 1.26 / 1.07 at bs 1 / 4, DRAFT
     0.126, slope 0.0622 + 0.00375 bs). fp32 with short drafts is unmeasured and keeps the
     cpu-fp32 profile.
-A GPU has not been measured here. Env DOMINO_COST=DRAFT,SLOPE_0,SLOPE_PER_REQ (what
-fit_cost.py prints) replaces the learned costs' prior.
+A GPU has not been measured here. --speculative-domino-debug-cost DRAFT,SLOPE_0,SLOPE_PER_REQ
+(what fit_cost.py prints) replaces the learned costs' prior.
 
 DRAFT is the draft pass (one backbone pass over the whole block plus the head's first step),
 paid by any speculative round whatever L (drafting short blocks: its part that does not grow
@@ -85,11 +85,12 @@ rather than `decay`: forgetting as fast as judged rounds gains a little more aft
 stretches (1.13 vs 1.11) but loses more where the drafter never pays (0.985).
 
 Costs on any device (costs.py, `OnlineCosts`): the profiles above are recorded measurements
-of one machine each (kept for benchmarks/policy_sim.py, fit_cost.py and DOMINO_COST), not the
-server's prices. The server learns its own: per batch-size bucket, the draft and per-token
+of one machine each (kept for benchmarks/policy_sim.py, fit_cost.py and
+--speculative-domino-debug-cost), not the server's prices. The server learns its own: per
+batch-size bucket, the draft and per-token
 overhead of a speculative round in units of its own plain round, from its round times,
 starting from a device-neutral prior (costs.NEUTRAL; `cost_model` returns it on every device).
-DOMINO_CALIBRATE=0 keeps the prior (or DOMINO_COST) as it is.
+--speculative-domino-debug-calibrate off keeps the prior (or the debug cost) as it is.
 
 The floor (`SpeculationPolicy.draft_len`): a round speculates only where it beats plain
 decoding by MARGIN with the estimates' doubt priced in: alpha's lower bound (Wilson interval,
@@ -117,17 +118,16 @@ acceptance is not geometric, and the geometric E(L) undervalues long chains. It 
 whether the drafter's policy chose L > 1 or plain decoding (a copy can pay where the drafter
 does not), but not on a calibration round.
 
-Switches: env DOMINO_ADAPTIVE=0 verifies the full block every round (fixed block);
-DOMINO_DRAFT_LEN=L pins L (measurement); DOMINO_DRAFT_LEN=L0,L1,.. cycles a pattern by the
-committed length n of the batch's first request (L = pattern[n mod len]): a deterministic mix of
-plain and speculative rounds that a one-request-at-a-time test can replay.
+Switches (options.py): --speculative-domino-adaptive off verifies the full block every round
+(fixed block); --speculative-domino-debug-draft-len L pins L (measurement); L0,L1,.. cycles a
+pattern by the committed length n of the batch's first request (L = pattern[n mod len]): a
+deterministic mix of plain and speculative rounds that a one-request-at-a-time test can replay.
 Depends on nothing but the standard library.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -162,24 +162,14 @@ COSTS = {
 DEFAULT_COST = COSTS["cpu-bf16"]
 
 
-def cost_model(device: str, dtype: str, override: str | None = None,
+def cost_model(device: str, dtype: str, override: tuple[float, float, float] | None = None,
                short_draft: bool = False) -> tuple[str, CostModel]:
     """(name, constants) of the cost prior the server starts from (costs.NEUTRAL: the same for
-    any `device`, `dtype` and `short_draft`, learned from there; module docstring);
-    `override` (default: env DOMINO_COST) = "DRAFT,SLOPE_0,SLOPE_PER_REQ" replaces it."""
-    if override is None:
-        override = os.environ.get("DOMINO_COST")
+    any `device`, `dtype` and `short_draft`, learned from there; module docstring); `override`
+    = (DRAFT, SLOPE_0, SLOPE_PER_REQ) replaces it (--speculative-domino-debug-cost, parsed by
+    options.py)."""
     if override is not None:
-        parts = override.split(",")
-        try:
-            values = [float(v) for v in parts]
-        except ValueError:
-            values = []
-        if len(values) != 3 or not all(math.isfinite(v) and v >= 0 for v in values):
-            raise ValueError("DOMINO_COST must be three non-negative numbers DRAFT,SLOPE_0,"
-                             "SLOPE_PER_REQ (benchmarks/fit_cost.py prints them), "
-                             f"got {override!r}")
-        return "DOMINO_COST", CostModel(*values)
+        return "debug-cost", CostModel(*override)
     # the same prior on every device, dtype and draft shape: the server learns its own costs
     return "neutral (learned online)", NEUTRAL
 
@@ -269,7 +259,8 @@ class AcceptanceStats:
 class SpeculationPolicy:
     """Chooses each round's draft length; `enabled=False` always returns the full block.
     `cost` is the prior the learned costs start from (`calibrate=True`, costs.OnlineCosts) or,
-    with `calibrate=False`, the costs as they are (simulations, DOMINO_CALIBRATE=0)."""
+    with `calibrate=False`, the costs as they are (simulations,
+    --speculative-domino-debug-calibrate off)."""
 
     def __init__(self, block: int, enabled: bool = True, stats: AcceptanceStats | None = None,
                  cost: CostModel = NEUTRAL, calibrate: bool = True):
@@ -287,23 +278,17 @@ class SpeculationPolicy:
         self._probed = False  # the last draft_len was a probe
 
     @classmethod
-    def from_env(cls, block: int, cost: CostModel = DEFAULT_COST) -> SpeculationPolicy:
-        """DOMINO_ADAPTIVE=0: the full block every round; DOMINO_DRAFT_LEN=L (1..B): L every
-        round (for measuring the cost model, benchmarks/round_cost.py); L0,L1,..: a pattern
-        cycled by committed length (tests); DOMINO_CALIBRATE=0: the profile's costs as they are
-        (no calibration from round times)."""
-        policy = cls(block, enabled=os.environ.get("DOMINO_ADAPTIVE", "1") != "0", cost=cost,
-                     calibrate=os.environ.get("DOMINO_CALIBRATE", "1") != "0")
-        pinned = os.environ.get("DOMINO_DRAFT_LEN")
-        if pinned is not None:
-            lens = pinned.split(",")
-            if not all(n.strip().isdigit() and 1 <= int(n) <= block for n in lens):
-                raise ValueError(f"DOMINO_DRAFT_LEN must be an integer in 1..{block} (the block "
-                                 f"size) or a comma-separated list of them, got {pinned!r}")
-            policy.pinned = tuple(int(n) for n in lens)
+    def from_config(cls, config, cost: CostModel = DEFAULT_COST) -> SpeculationPolicy:
+        """The policy of a server (options.DominoConfig): `adaptive` off = the full block every
+        round; `draft_len` (L0,L1,.. in 1..B, validated by options.py) = L0 every round, or a
+        pattern cycled by committed length (measuring the cost model, tests); `calibrate` off =
+        the profile's costs as they are (no calibration from round times)."""
+        policy = cls(config.block_size, enabled=config.adaptive, cost=cost,
+                     calibrate=config.calibrate)
+        policy.pinned = config.draft_len
         return policy
 
-    pinned: tuple[int, ...] | None = None  # DOMINO_DRAFT_LEN, overriding the policy
+    pinned: tuple[int, ...] | None = None  # --speculative-domino-debug-draft-len, overriding
 
     @property
     def cycles(self) -> bool:

@@ -1,5 +1,9 @@
 """The plugin's own SGLang server flags: added to SGLang's parser, read back once at launch.
 
+Two groups: the HTTP guards' `--domino-*` flags (here, kept in `current()`), and DOMINO's
+`--speculative-domino-*` serving options (options.py, kept on the ServerArgs record for the
+scheduler process).
+
 SGLang loads plugins before it parses the command line, so the plugin adds its flags to
 `ServerArgs.add_cli_args` (they show in `python -m sglang.launch_server --help`) and reads their
 values from the parsed namespace in `ServerArgs.from_cli_args`, which keeps only ServerArgs'
@@ -28,6 +32,7 @@ class HttpOptions:
     allowed_origins: tuple[str, ...] = ()  # CORS and cross-origin requests; "*" = any
     allowed_hosts: tuple[str, ...] = ()  # Host header values beyond the bind's own names
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    request_guards: bool = True  # guards.py's request checks (413 / 400 instead of SGLang 500s)
 
 
 _options = HttpOptions()
@@ -55,8 +60,20 @@ def _names(text: str) -> tuple[str, ...]:
     return names
 
 
+def _on_off(text: str) -> bool:
+    from domino_sglang.options import DominoOptionError, parse_bool
+
+    try:
+        return parse_bool(text, "")
+    except DominoOptionError as exc:
+        raise argparse.ArgumentTypeError(str(exc).strip()) from exc
+
+
 def add_flags(parser: argparse.ArgumentParser) -> None:
     """Add the plugin's flags to SGLang's server parser (idempotent)."""
+    from domino_sglang import options
+
+    options.add_flags(parser)
     if any("--domino-allowed-origins" in a.option_strings for a in parser._actions):
         return
     group = parser.add_argument_group("domino_sglang HTTP guards")
@@ -74,6 +91,12 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         "--domino-max-request-bytes", type=_positive_bytes, default=DEFAULT_MAX_REQUEST_BYTES,
         metavar="BYTES",
         help=f"largest request body accepted, else 413 (default {DEFAULT_MAX_REQUEST_BYTES}).")
+    group.add_argument(
+        "--domino-request-guards", type=_on_off, default=True, metavar="on|off",
+        help="the request checks of guards.py on every server, DOMINO or not: a 413 / 400 "
+             "naming the problem for bodies, token ids and logprob counts that stock SGLang "
+             "answers with a 500 or dies on. Default on; the access rules above and the API-key "
+             "log redaction stay on either way.")
 
 
 def read_flags(namespace: argparse.Namespace) -> HttpOptions:
@@ -83,7 +106,8 @@ def read_flags(namespace: argparse.Namespace) -> HttpOptions:
         allowed_origins=tuple(getattr(namespace, "domino_allowed_origins", ()) or ()),
         allowed_hosts=tuple(getattr(namespace, "domino_allowed_hosts", ()) or ()),
         max_request_bytes=int(getattr(namespace, "domino_max_request_bytes",
-                                      DEFAULT_MAX_REQUEST_BYTES)))
+                                      DEFAULT_MAX_REQUEST_BYTES)),
+        request_guards=bool(getattr(namespace, "domino_request_guards", True)))
     return _options
 
 
@@ -95,6 +119,12 @@ def _before_from_cli_args(cls, namespace: argparse.Namespace) -> None:
     read_flags(namespace)
 
 
+def _after_from_cli_args(server_args, cls, namespace: argparse.Namespace) -> None:
+    from domino_sglang import options
+
+    options.remember_flags(server_args, options.flags_from_namespace(namespace))
+
+
 def register() -> None:
     """Hook the flags into SGLang's parser (SGLang applies hooks after plugins load)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -103,3 +133,5 @@ def register() -> None:
                           _after_add_cli_args, HookType.AFTER)
     HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args",
                           _before_from_cli_args, HookType.BEFORE)
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args",
+                          _after_from_cli_args, HookType.AFTER)

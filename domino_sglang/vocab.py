@@ -10,13 +10,13 @@ sampling q is zero outside it (the residual max(p - q, 0) covers those tokens).
         {"ids": [token ids, ascending], "size": Vd, "source": "...", "max_id": N}
 
 Ascending ids make the draft vocabulary's argmax break ties as the full vocabulary's does.
-`DOMINO_DRAFT_VOCAB=0` serves the full vocabulary even when the file is there (measurement).
+A server takes another file with `--speculative-token-map PATH`, or serves the full vocabulary
+even when the file is there with `--speculative-domino-draft-vocab off` (options.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -25,20 +25,23 @@ import torch
 from domino_sglang.config import DrafterConfigError
 
 FILE = "draft_vocab.json"
-ENV = "DOMINO_DRAFT_VOCAB"
 ALWAYS = (1, 2)  # <|im_start|>, <|im_end|> (eos) of the SmolLM2 chat template
 MAX_BYTES = 64 << 20  # the ids of a 151k vocabulary take ~1 MB
 
 
-def load_draft_vocab(folder: str | Path, vocab_size: int, honour_env: bool = True
-                     ) -> torch.Tensor | None:
+def load_draft_vocab(folder: str | Path, vocab_size: int) -> torch.Tensor | None:
     """The draft vocabulary of the drafter in `folder` as token ids [Vd] (int64, ascending), or
-    None (no file, or DOMINO_DRAFT_VOCAB=0 unless honour_env is False). A bad file raises,
-    naming the field."""
+    None (no file: the full vocabulary). A bad file raises, naming the field."""
     path = Path(folder) / FILE
-    if (honour_env and os.environ.get(ENV, "1") == "0") or not (path.exists()
-                                                                 or path.is_symlink()):
+    if not (path.exists() or path.is_symlink()):
         return None
+    return load_draft_vocab_file(path, vocab_size)
+
+
+def load_draft_vocab_file(path: str | Path, vocab_size: int) -> torch.Tensor:
+    """A draft vocabulary file (draft_vocab.json's layout) as token ids [Vd] (int64,
+    ascending); a missing or bad file raises, naming it and the field."""
+    path = Path(path)
     if not path.is_file():  # a dangling link, a folder, a device (/dev/zero never ends)
         raise DrafterConfigError(f"{path}: not a regular file")
     if path.stat().st_size > MAX_BYTES:

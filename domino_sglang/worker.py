@@ -17,7 +17,6 @@ Private SGLang internals used here (pinned to sglang==0.5.23): the four above, `
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import torch
@@ -43,7 +42,7 @@ from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_m
 from sglang.srt.utils.async_probe import sanitize_nan_logits
 from sglang.srt.utils.common import get_bool_env_var
 
-from domino_sglang.algorithm import candidate_pool_from_env, draft_temperature_scale_from_env
+from domino_sglang import options
 from domino_sglang.config import (
     ARCHITECTURE,
     check_against_target,
@@ -53,7 +52,7 @@ from domino_sglang.config import (
 from domino_sglang.context import DeferredContext
 from domino_sglang.cpu import linear as cpu_linear
 from domino_sglang.cpu.argmax import argmax
-from domino_sglang.lookup import has_recurring_suffix, lookup_batch, lookup_from_env
+from domino_sglang.lookup import has_recurring_suffix, lookup_batch
 from domino_sglang.metrics import (
     DominoMetrics,
     RoundClock,
@@ -66,7 +65,6 @@ from domino_sglang.pointer import (
     DeviceHistories,
     DevicePointerCopy,
     PointerCopy,
-    copy_from_env,
     copy_index_on_device,
 )
 from domino_sglang.policy import SpeculationPolicy, cost_model
@@ -81,7 +79,7 @@ from domino_sglang.sampling import (
     seeded_uniform,
 )
 from domino_sglang.verify import one_hot_proposal, verify_greedy, verify_mixed
-from domino_sglang.vocab import load_draft_vocab
+from domino_sglang.vocab import load_draft_vocab, load_draft_vocab_file
 
 logger = logging.getLogger(__name__)
 # SGLang's sampler reads this once at import (sampler.py): logprobs before temperature
@@ -106,14 +104,15 @@ class DominoWorker(BaseSpecWorker):
                              target_cfg.num_hidden_layers)
         load_draft_weights(conf)
         self.conf = conf
-        self.candidate_pool = candidate_pool_from_env(conf.candidate_pool)
-        # DOMINO_HEAD=0: backbone only, i.e. the DFlash baseline from the same checkpoint.
-        self.use_head = os.environ.get("DOMINO_HEAD", "1") != "0"
-        self.short_draft = short_draft_from_env(conf.short_draft)  # see propose
-        self.lookup = lookup_from_env()  # DOMINO_LOOKUP=0: Domino drafts only (lookup.py)
+        # the serving options (options.py), from this server's flags and the drafter's config
+        self.options = opts = options.for_server(server_args, conf, self.block_size)
+        self.candidate_pool = opts.candidate_pool
+        # head off: backbone only, i.e. the DFlash baseline from the same checkpoint.
+        self.use_head = opts.head
+        self.short_draft = opts.short_draft  # see propose
+        self.lookup = opts.lookup  # off: Domino drafts only (lookup.py)
         # sampled requests draft at temperature T * scale (sampling.py)
-        self.draft_temperature_scale = draft_temperature_scale_from_env(
-            conf.draft_temperature_scale)
+        self.draft_temperature_scale = opts.draft_temperature_scale
 
         # The draft config names SGLang's DFlashDraftModel; in this (scheduler) process, and only
         # when DOMINO was chosen, that architecture resolves to our drafter class.
@@ -137,7 +136,10 @@ class DominoWorker(BaseSpecWorker):
         lm_head = target_model.lm_head.weight[:target_cfg.vocab_size]  # [V, H]
         head = self.draft_model.drafter.head(self.embed, lm_head, head_dtype)
         # the draft vocabulary (vocab.py): base logits over its Vd rows of the lm_head only
-        self.head = head.with_vocab(load_draft_vocab(conf.path, conf.vocab_size))
+        vocab = (None if not opts.draft_vocab
+                 else load_draft_vocab_file(opts.token_map, conf.vocab_size) if opts.token_map
+                 else load_draft_vocab(conf.path, conf.vocab_size))
+        self.head = head.with_vocab(vocab)
         if cpu_linear.is_active():  # the base logits of 15 positions: 3x faster packed (fp32)
             rows = lm_head if self.head.vocab is None else self.head.vocab_lm_head
             self.head.lm_head_packed = cpu_linear.pack(rows)
@@ -147,14 +149,13 @@ class DominoWorker(BaseSpecWorker):
             cpu_linear.pack_linears(drafter.layers)
         # a pointer-generator drafter (pointer.py): its copy gate, in the head's dtype, and each
         # running request's copy index, extended round by round (request id -> CopyIndex);
-        # DOMINO_COPY=0 drafts from p alone (the gate unused)
-        gate = self.draft_model.drafter.copy_gate if copy_from_env() else None
+        # copy off drafts from p alone (the gate unused)
+        gate = self.draft_model.drafter.copy_gate if opts.copy else None
         self.copy_gate = gate.to(head_dtype) if gate is not None and head_dtype else gate
         self.copy_indexes: dict[str, CopyIndex] = {}
         # or on the device (pointer.copy_index_on_device: CUDA by default)
-        self.device_histories = (DeviceHistories(self.device)
-                                 if gate is not None and copy_index_on_device(self.device)
-                                 else None)
+        on_device = gate is not None and copy_index_on_device(self.device, opts.copy_index)
+        self.device_histories = DeviceHistories(self.device) if on_device else None
         self.round_copied: torch.Tensor | None = None  # set by propose (metrics)
         if self.head.vocab is not None:
             logger.info("DOMINO draft vocabulary: %d of %d tokens (%s)",
@@ -163,8 +164,9 @@ class DominoWorker(BaseSpecWorker):
         self._warned: set[str] = set()
         self.metrics = DominoMetrics.for_scheduler(self.block_size, self.device)
         profile, cost = cost_model(torch.device(self.device).type,
-                                   str(self.model_runner.dtype), short_draft=self.short_draft)
-        self.policy = SpeculationPolicy.from_env(self.block_size, cost)  # DOMINO_ADAPTIVE=0: fixed
+                                   str(self.model_runner.dtype), override=opts.cost,
+                                   short_draft=self.short_draft)
+        self.policy = SpeculationPolicy.from_config(opts, cost)  # adaptive off: fixed block
         self._plain_decode: bool | None = None  # see plain_decode_forward
         # (bs, L, start) of the last decode round, timed at the next one's start (calibration)
         # + kind, mean committed length and its clock (draft / verify marks), logged (debug)
@@ -173,7 +175,7 @@ class DominoWorker(BaseSpecWorker):
         self._logged_scale = (1.0, 0.0)  # (k, time) last logged
         # plain rounds' draft-context writes, batched until a draft pass needs them (context.py)
         self.context = DeferredContext(self.write_draft_context)
-        self.sync_log = os.environ.get("DOMINO_SYNC_LOG")  # counted rounds (measurement, tests)
+        self.sync_log = opts.sync_log  # counted rounds (measurement, tests)
         self.round_pointer = False  # whether this round's draft used the pointer copy path
         logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s, "
                     "copy %s, draft pass %s, prompt lookup %s, policy %s (cost profile %s: %s)",
@@ -230,11 +232,11 @@ class DominoWorker(BaseSpecWorker):
         does. Not when the target replays captured graphs (known only after the scheduler has
         captured them): those are captured for TARGET_VERIFY at width B and their runner does not
         tell a DECODE batch apart, so L = 1 stays an eager one-token verify there.
-        DOMINO_PLAIN_DECODE=0 forces the verify path (benchmarks/round_cost.py --plain-verify)."""
+        --speculative-domino-debug-plain-decode off forces the verify path
+        (benchmarks/round_cost.py --plain-verify)."""
         if self._plain_decode is None:
             graphs = getattr(self.model_runner, "decode_cuda_graph_runner", None)
-            self._plain_decode = (graphs is None
-                                  and os.environ.get("DOMINO_PLAIN_DECODE", "1") != "0")
+            self._plain_decode = graphs is None and self.options.plain_decode
         return self._plain_decode
 
     # ---- the work ----
@@ -242,14 +244,15 @@ class DominoWorker(BaseSpecWorker):
                                  pp_proxy_tensors=None) -> GenerationBatchResult:
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             return self.prefill(batch, on_publish)
-        if self.sync_log is not None:  # DOMINO_SYNC_LOG (tests/test_sync_budget.py)
+        if self.sync_log is not None:  # --speculative-domino-debug-sync-log (test_sync_budget)
             return self.counted_decode_round(batch, on_publish, grammar_barrier)
         return self.decode_round(batch, on_publish, grammar_barrier)
 
     def counted_decode_round(self, batch, on_publish, grammar_barrier) -> GenerationBatchResult:
         """decode_round under a host-sync counter (syncs.py); one JSON line per round to the file
-        DOMINO_SYNC_LOG: the round's kind, batch size, L, whether it sampled / used the pointer
-        copy path, and the synchronisations by origin and kind (domino sites included)."""
+        of --speculative-domino-debug-sync-log: the round's kind, batch size, L, whether it
+        sampled / used the pointer copy path, and the synchronisations by origin and kind
+        (domino sites included)."""
         import json
 
         from domino_sglang.syncs import SyncCounter
@@ -823,18 +826,6 @@ class DominoWorker(BaseSpecWorker):
             kvs = self.draft_model.drafter.context_kv(target_hidden, positions)
             for attn, (k, v) in zip(self.draft_model.attn, kvs):
                 pool.set_kv_buffer(attn, KVWriteLoc(slots, physical=True), k, v)
-
-
-def short_draft_from_env(trained: bool) -> bool:
-    """Whether rounds verifying L < B tokens draft only those L (`propose`): by default as the
-    drafter was trained (config `short_draft`); env DOMINO_SHORT_DRAFT=1 / 0 forces it on / off
-    (measurement: benchmarks/round_cost.py --short-draft)."""
-    value = os.environ.get("DOMINO_SHORT_DRAFT")
-    if value is None:
-        return trained
-    if value not in ("0", "1"):
-        raise ValueError(f"DOMINO_SHORT_DRAFT must be 0 or 1, got {value!r}")
-    return value == "1"
 
 
 def _reads_history(processor: str | None) -> bool:

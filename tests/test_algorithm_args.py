@@ -8,6 +8,7 @@ import pytest
 
 from domino_sglang import cli
 from domino_sglang.algorithm import DominoArgsError, resolve_server_args
+from domino_sglang.options import resolve
 from tests.drafters import make_random_drafter
 
 
@@ -100,56 +101,16 @@ def test_cpu_default_dtype_follows_native_bf16(native, expected, monkeypatch, ta
 
 
 
-@pytest.mark.parametrize("env,trained,expected", [
-    (None, False, False), (None, True, True), ("1", False, True), ("0", True, False)])
-def test_short_draft_follows_the_drafter_unless_forced(monkeypatch, env, trained, expected):
-    from domino_sglang.worker import short_draft_from_env
-
-    if env is None:
-        monkeypatch.delenv("DOMINO_SHORT_DRAFT", raising=False)
-    else:
-        monkeypatch.setenv("DOMINO_SHORT_DRAFT", env)
-    assert short_draft_from_env(trained) is expected
+@pytest.mark.parametrize("flag,trained,expected", [
+    (None, False, False), (None, True, True), ("on", False, True), ("0", True, False)])
+def test_short_draft_follows_the_drafter_unless_forced(flag, trained, expected):
+    drafter = SimpleNamespace(candidate_pool=0, short_draft=trained, draft_temperature_scale=1.0)
+    flags = {} if flag is None else {"short_draft": flag}
+    assert resolve(drafter, 16, flags).short_draft is expected
 
 
-def test_short_draft_env_error_names_the_variable(monkeypatch):
-    from domino_sglang.worker import short_draft_from_env
-
-    monkeypatch.setenv("DOMINO_SHORT_DRAFT", "yes")
-    with pytest.raises(ValueError, match="DOMINO_SHORT_DRAFT must be 0 or 1, got 'yes'"):
-        short_draft_from_env(False)
-
-
-@pytest.mark.parametrize("env,expected", [(None, 0.7), ("1", 1.0), ("0.5", 0.5)])
-def test_draft_temperature_scale_follows_the_drafter_unless_set(monkeypatch, env, expected):
-    from domino_sglang.algorithm import draft_temperature_scale_from_env
-
-    if env is None:
-        monkeypatch.delenv("DOMINO_DRAFT_TEMPERATURE_SCALE", raising=False)
-    else:
-        monkeypatch.setenv("DOMINO_DRAFT_TEMPERATURE_SCALE", env)
-    assert draft_temperature_scale_from_env(0.7) == expected
-
-
-@pytest.mark.parametrize("raw,message", [("warm", "must be a finite number > 0, got 'warm'"),
-                                         ("0", "must be a finite number > 0, got 0.0"),
-                                         ("nan", "must be a finite number > 0, got nan")])
-def test_draft_temperature_scale_env_error_names_the_variable(monkeypatch, raw, message):
-    from domino_sglang.algorithm import draft_temperature_scale_from_env
-
-    monkeypatch.setenv("DOMINO_DRAFT_TEMPERATURE_SCALE", raw)
-    with pytest.raises(DominoArgsError, match=f"DOMINO_DRAFT_TEMPERATURE_SCALE {message}"):
-        draft_temperature_scale_from_env(1.0)
-
-
-@pytest.mark.parametrize("raw,message", [("many", "got 'many'"), ("2.5", "got '2.5'"),
-                                         ("-1", "got -1")])
-def test_candidate_pool_env_error_names_the_variable(monkeypatch, raw, message):
-    from domino_sglang.algorithm import candidate_pool_from_env
-
-    monkeypatch.setenv("DOMINO_CANDIDATE_POOL", raw)
-    with pytest.raises(DominoArgsError,
-                       match=f"DOMINO_CANDIDATE_POOL must be an integer >= 0, {message}"):
-        candidate_pool_from_env(0)
-    monkeypatch.setenv("DOMINO_CANDIDATE_POOL", "64")
-    assert candidate_pool_from_env(0) == 64
+@pytest.mark.parametrize("flag,expected", [(None, 0.7), ("1", 1.0), ("0.5", 0.5)])
+def test_draft_temperature_scale_follows_the_drafter_unless_set(flag, expected):
+    drafter = SimpleNamespace(candidate_pool=0, short_draft=False, draft_temperature_scale=0.7)
+    flags = {} if flag is None else {"draft_temperature_scale": flag}
+    assert resolve(drafter, 16, flags).draft_temperature_scale == expected

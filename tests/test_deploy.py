@@ -344,16 +344,19 @@ def test_helm_template_validates_strictly(values):
 
 
 def test_helm_options_reach_the_server():
-    kinds = _render("--set", "domino.DOMINO_LOOKUP=0", "--set", "hfToken.secretName=hf",
+    kinds = _render("--set", "domino.DOMINO_SGLANG_NO_ONEDNN_LINEAR=1",
+                    "--set", "hfToken.secretName=hf",
                     "--set", "apiKey.secretName=api", "--set", "gpus=1",
-                    "--set-json", 'extraArgs=["--speculative-num-draft-tokens","8"]',
+                    "--set-json", 'extraArgs=["--speculative-num-draft-tokens","8",'
+                                  '"--speculative-domino-lookup","off"]',
                     "--set", "model.path=/models/qwen", "--set", "model.drafter=org/d")
     server = kinds["Deployment"][0]
     c = server["spec"]["template"]["spec"]["containers"][0]
     assert c["args"] == ["--port", "30000", "--model-path", "/models/qwen", "--drafter", "org/d",
-                         "--", "--speculative-num-draft-tokens", "8"]
+                         "--", "--speculative-num-draft-tokens", "8",
+                         "--speculative-domino-lookup", "off"]
     env = {e["name"]: e for e in c["env"]}
-    assert env["DOMINO_LOOKUP"]["value"] == "0"
+    assert env["DOMINO_SGLANG_NO_ONEDNN_LINEAR"]["value"] == "1"
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "HF_TOKEN"}
     assert env["DOMINO_SGLANG_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "api"
     _check_server_pod(server, kinds)

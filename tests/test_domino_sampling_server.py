@@ -34,10 +34,11 @@ def server(target_path, tmp_path_factory):
     drafter = make_repeat_drafter(target_path, tmp_path_factory.mktemp("d") / "repeat4", 4)
     with start_server("domino-sampling", ["--dtype", "float32", "--max-total-tokens", "16384"],
                       ["--speculative-algorithm", "DOMINO", "--speculative-draft-model-path",
-                       str(drafter), "--enable-custom-logit-processor"],
-                      # fixed block: the tests here are about sampling, not the policy, whose
-                      # batch-level estimate other tests' traffic would otherwise drive down
-                      env={"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}) as srv:
+                       str(drafter), "--enable-custom-logit-processor",
+                       # fixed block: the tests here are about sampling, not the policy, whose
+                       # batch-level estimate other tests' traffic would otherwise drive down
+                       "--speculative-domino-adaptive", "off",
+                       "--speculative-domino-lookup", "off"]) as srv:
         yield srv
 
 

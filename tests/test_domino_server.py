@@ -26,10 +26,10 @@ def random_drafter(target_path, tmp_path_factory):
     return make_random_drafter(target_path, tmp_path_factory.mktemp("drafters") / "rand16", 16)
 
 
-def _domino(name, drafter, extra=(), dtype="float32", env=None):
+def _domino(name, drafter, extra=(), dtype="float32"):
     return start_server(name, ["--dtype", dtype, "--max-total-tokens", "16384"],
                         ["--speculative-algorithm", "DOMINO", "--speculative-draft-model-path",
-                         str(drafter), *extra], env=env)
+                         str(drafter), *extra])
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +123,8 @@ def pointer_server(target_path, random_drafter, tmp_path_factory):
     folder = tmp_path_factory.mktemp("drafters") / "pointer16"
     save_drafter(folder, cfg, weights)
     # fixed block, no prompt lookup: every round drafts, and only the pointer copies
-    with _domino("domino-pointer", folder, env={"DOMINO_ADAPTIVE": "0",
-                                                 "DOMINO_LOOKUP": "0"}) as server:
+    with _domino("domino-pointer", folder, ["--speculative-domino-adaptive", "off",
+                                            "--speculative-domino-lookup", "off"]) as server:
         yield server
 
 

@@ -349,21 +349,20 @@ def test_dry_run_refuses_a_pickle_beside_the_safetensors(tmp_path, capsys):
     assert "pickle weights are refused (pytorch_model.bin)" in _dry_run(tmp_path, path, capsys)
 
 
-def test_sglang_candidate_pool_flag(monkeypatch):
+def test_sglang_candidate_pool_flag():
     """SGLang's --speculative-domino-candidate-pool-size sets the pool when given a value other
-    than its default (2048); env DOMINO_CANDIDATE_POOL still wins. 780c26f ignored the flag."""
-    from domino_sglang import algorithm
+    than its default (2048), else the drafter's config holds. 780c26f ignored the flag."""
+    from types import SimpleNamespace
 
-    monkeypatch.delenv("DOMINO_CANDIDATE_POOL", raising=False)
-    monkeypatch.setattr(algorithm, "sglang_candidate_pool", lambda: None)  # no server
-    assert algorithm.candidate_pool_from_env(0) == 0
-    monkeypatch.setattr(algorithm, "sglang_candidate_pool", lambda: 2048)  # the flag's default
-    assert algorithm.candidate_pool_from_env(0) == 0  # the drafter's config is kept
-    monkeypatch.setattr(algorithm, "sglang_candidate_pool", lambda: 256)
-    assert algorithm.candidate_pool_from_env(2048) == 256
-    monkeypatch.setenv("DOMINO_CANDIDATE_POOL", "64")
-    assert algorithm.candidate_pool_from_env(2048) == 64
-    monkeypatch.delenv("DOMINO_CANDIDATE_POOL")
-    monkeypatch.setattr(algorithm, "sglang_candidate_pool", lambda: -1)
-    with pytest.raises(algorithm.DominoArgsError, match="candidate-pool-size must be"):
-        algorithm.candidate_pool_from_env(2048)
+    from domino_sglang.options import DominoOptionError, resolve
+
+    def pool(config_pool: int, flag: int | None) -> int:
+        drafter = SimpleNamespace(candidate_pool=config_pool, short_draft=False,
+                                  draft_temperature_scale=1.0)
+        return resolve(drafter, 16, pool_flag=flag).candidate_pool
+
+    assert pool(0, None) == 0  # no server
+    assert pool(0, 2048) == 0  # the flag's default: the drafter's config is kept
+    assert pool(2048, 256) == 256
+    with pytest.raises(DominoOptionError, match="candidate-pool-size must be"):
+        pool(2048, -1)

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import random
 
-import pytest
 import torch
 
 from domino_sglang.lookup import (
     has_recurring_suffix,
     lookup_batch,
     lookup_draft,
-    lookup_from_env,
 )
 
 
@@ -95,12 +93,3 @@ def test_lookup_on_a_repetition():
     assert lookup_draft(torch.tensor([5]), 4).tolist() == []
     assert lookup_draft(torch.tensor([1, 1, 1, 1]), 0).tolist() == []
 
-
-def test_lookup_switch(monkeypatch):
-    monkeypatch.delenv("DOMINO_LOOKUP", raising=False)
-    assert lookup_from_env()
-    monkeypatch.setenv("DOMINO_LOOKUP", "0")
-    assert not lookup_from_env()
-    monkeypatch.setenv("DOMINO_LOOKUP", "yes")
-    with pytest.raises(ValueError, match="DOMINO_LOOKUP must be 0 or 1"):
-        lookup_from_env()

@@ -29,7 +29,7 @@ def server(target_path, tmp_path_factory):
     drafter = make_random_drafter(target_path, tmp_path_factory.mktemp("lk") / "rand16", 16)
     with start_server("domino-lookup", ["--dtype", "float32", "--max-total-tokens", "16384"],
                       ["--speculative-algorithm", "DOMINO", "--speculative-draft-model-path",
-                       str(drafter)], env={"DOMINO_ADAPTIVE": "0"}) as srv:
+                       str(drafter), "--speculative-domino-adaptive", "off"]) as srv:
         yield srv
 
 

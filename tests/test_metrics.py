@@ -104,7 +104,7 @@ def test_record_round_counts():
 @pytest.mark.parametrize("capped,block,policy,expected", [
     (None, 16, True, (0, 0)),                       # a speculative round: no fallback
     (None, 1, True, (3, 0)),                        # the policy chose a plain round
-    (None, 1, False, (0, 0)),                       # DOMINO_DRAFT_LEN=1 (measurement): no choice
+    (None, 1, False, (0, 0)),                       # debug-draft-len 1 (measurement): no choice
     ([True, False, False], 16, True, (0, 1)),       # a penalized row in a speculative round
     ([True, False, True], 1, True, (1, 2)),         # ... and in a plain round: each row once
 ])

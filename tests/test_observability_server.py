@@ -33,9 +33,9 @@ def server(target_path, tmp_path_factory):
     drafter = make_repeat_drafter(target_path, tmp_path_factory.mktemp("obs") / "repeat4", BLOCK)
     with start_server("domino-obs", ["--dtype", "float32", "--max-total-tokens", "16384"],
                       ["--speculative-algorithm", "DOMINO", "--speculative-draft-model-path",
-                       str(drafter)],
-                      # the drafter's own rounds: copying " cat" (lookup.py) would take them over
-                      env={"DOMINO_LOOKUP": "0"}) as s:
+                       str(drafter),
+                       # the drafter's own rounds: copying " cat" (lookup.py) would take them over
+                       "--speculative-domino-lookup", "off"]) as s:
         yield s
 
 

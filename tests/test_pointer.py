@@ -9,7 +9,7 @@ import torch
 
 from domino_sglang.config import COPY_MAX_MATCH
 from domino_sglang.pointer import (
-    copy_from_env,
+    copy_index_on_device,
     copy_table,
     copy_wins,
     log_gate,
@@ -327,14 +327,12 @@ def test_pointer_sampled_draft_is_drawn_from_its_q():
     assert torch.equal(d8, want)
 
 
-def test_copy_switch(monkeypatch):
-    monkeypatch.delenv("DOMINO_COPY", raising=False)
-    assert copy_from_env()
-    monkeypatch.setenv("DOMINO_COPY", "0")
-    assert not copy_from_env()
-    monkeypatch.setenv("DOMINO_COPY", "off")
-    with pytest.raises(ValueError, match="DOMINO_COPY must be 0 or 1"):
-        copy_from_env()
+def test_copy_index_placement():
+    """By device (CUDA: device, CPU: host) unless --speculative-domino-debug-copy-index says."""
+    assert not copy_index_on_device("cpu") and copy_index_on_device("cuda")
+    assert copy_index_on_device("cpu", "device") and not copy_index_on_device("cuda", "host")
+    with pytest.raises(ValueError, match="must be 'device' or 'host', got 'gpu'"):
+        copy_index_on_device("cpu", "gpu")
 
 
 def _device_pointer(gate, histories, n):

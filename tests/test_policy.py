@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
+from domino_sglang.options import resolve
 from domino_sglang.policy import (
     AGE_FLOOR,
     BACKOFF,
@@ -24,6 +27,7 @@ from domino_sglang.policy import (
 )
 
 B = 16
+DRAFTER = SimpleNamespace(candidate_pool=0, short_draft=False, draft_temperature_scale=1.0)
 
 
 def test_cost_model_matches_the_measurements():
@@ -37,20 +41,19 @@ def test_cost_model_matches_the_measurements():
     assert round_cost(32, 1) == 1.0
 
 
-def test_cost_prior_is_the_same_on_every_device(monkeypatch):
+def test_cost_prior_is_the_same_on_every_device():
     # no CPU constant in the decision path: every device starts from the neutral prior and
     # learns its own costs (costs.py; tests/test_policy_costs.py)
-    monkeypatch.delenv("DOMINO_COST", raising=False)
     for device, dtype, short in (("cpu", "torch.float32", False), ("cpu", "torch.bfloat16", True),
                                  ("cuda", "torch.bfloat16", False), ("cuda", "float16", True)):
         assert cost_model(device, dtype, short_draft=short)[1] == NEUTRAL
     assert SpeculationPolicy(B).calibration.prior == NEUTRAL
-    monkeypatch.setenv("DOMINO_COST", "0.5,0.1,0.01")
-    assert cost_model("cpu", "torch.float32") == ("DOMINO_COST", CostModel(0.5, 0.1, 0.01))
-    for bad in ("0.5,0.1", "a,b,c", "0.5,-0.1,0.01", "0.5,nan,0.1", ""):
-        monkeypatch.setenv("DOMINO_COST", bad)
-        with pytest.raises(ValueError, match="DOMINO_COST must be three non-negative numbers"):
-            cost_model("cpu", "torch.float32")
+    assert cost_model("cpu", "torch.float32", override=(0.5, 0.1, 0.01)) == (
+        "debug-cost", CostModel(0.5, 0.1, 0.01))
+    for bad in ("0.5,0.1", "a,b,c", "0.5,-0.1,0.01", "0.5,nan,0.1", ""):  # refused by options.py
+        with pytest.raises(ValueError, match="--speculative-domino-debug-cost must be three "
+                                             "non-negative numbers"):
+            resolve(DRAFTER, B, {"cost": bad})
 
 
 @pytest.mark.parametrize(("bs", "alpha", "expected_bf16", "expected_fp32"), [
@@ -236,25 +239,24 @@ def test_truncated_geometric_estimate():
     assert stats.alpha == pytest.approx(4 / 6)
 
 
-def test_switched_off_is_fixed_block(monkeypatch):
-    monkeypatch.setenv("DOMINO_ADAPTIVE", "0")
-    policy = SpeculationPolicy.from_env(B)
+def test_switched_off_is_fixed_block():
+    policy = SpeculationPolicy.from_config(resolve(DRAFTER, B, {"adaptive": "off"}))
     for _ in range(40):
         policy.observe([1] * 8, B)
     assert policy.draft_len(32) == B
 
 
-def test_pinned_draft_len(monkeypatch):
-    monkeypatch.setenv("DOMINO_DRAFT_LEN", "3")
-    assert SpeculationPolicy.from_env(B).draft_len(32) == 3
-    monkeypatch.setenv("DOMINO_DRAFT_LEN", "16,1")  # a pattern, by the committed length
-    policy = SpeculationPolicy.from_env(B)
+def test_pinned_draft_len():
+    def pinned(text: str) -> SpeculationPolicy:
+        return SpeculationPolicy.from_config(resolve(DRAFTER, B, {"draft_len": text}))
+
+    assert pinned("3").draft_len(32) == 3
+    policy = pinned("16,1")  # a pattern, by the committed length
     assert policy.cycles
     assert [policy.draft_len(4, n) for n in (100, 101, 102, 7)] == [16, 1, 16, 1]
     for bad in ("0", "17", "x", "4,", "2,0"):
-        monkeypatch.setenv("DOMINO_DRAFT_LEN", bad)
-        with pytest.raises(ValueError, match="must be an integer in 1..16 .* list"):
-            SpeculationPolicy.from_env(B)
+        with pytest.raises(ValueError, match="--speculative-domino-debug-draft-len must be"):
+            pinned(bad)
 
 
 FP32 = COSTS["cpu-fp32"]

@@ -187,3 +187,29 @@ def test_flags_parse_and_name_the_bad_value(capsys):
     assert "--domino-max-request-bytes: must be at least 1024 bytes" in capsys.readouterr().err
     server_flags.read_flags(parser.parse_args([]))  # back to the defaults
     assert server_flags.current() == server_flags.HttpOptions()
+
+
+def test_request_guards_flag_switches_the_request_checks(capsys):
+    """--domino-request-guards off (server_flags.py): the token-id checks of guards.py let
+    requests through to SGLang; on (the default) they refuse an out-of-vocabulary id."""
+    from types import SimpleNamespace
+
+    from domino_sglang.guards import check_input_ids
+
+    parser = argparse.ArgumentParser()
+    server_flags.add_flags(parser)
+    manager = SimpleNamespace(model_config=SimpleNamespace(vocab_size=10))
+    request = SimpleNamespace(top_logprobs_num=None, token_ids_logprob=None)
+    try:
+        assert server_flags.read_flags(parser.parse_args([])).request_guards
+        with pytest.raises(ValueError, match="input_ids"):
+            check_input_ids(manager, request, [1, 99])
+        off = server_flags.read_flags(parser.parse_args(["--domino-request-guards", "off"]))
+        assert not off.request_guards
+        assert check_input_ids(manager, request, [1, 99]) is None  # SGLang's own handling
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--domino-request-guards", "sometimes"])
+        assert ("--domino-request-guards: must be on/off (or true/false, 1/0), got 'sometimes'"
+                in capsys.readouterr().err)
+    finally:
+        server_flags.read_flags(parser.parse_args([]))

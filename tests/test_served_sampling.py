@@ -37,7 +37,7 @@ BROKEN = Path(__file__).parent / "fixtures" / "broken_verifier"
 def domino_server(name: str, extra_env: dict | None = None):
     return start_server(name, ["--dtype", "float32", "--max-total-tokens", "16384",
                                "--drafter", str(shipped_drafter_dir())],
-                        env={"DOMINO_ADAPTIVE": "0", **(extra_env or {})})
+                        ["--speculative-domino-adaptive", "off"], env=extra_env)
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 the worker drafts exactly what the drafter computes.
 
 A regression guard, not a timing: tau on 5 fixed prompts (greedy, float32 so the output must equal
-plain decoding token for token, fixed block: DOMINO_ADAPTIVE=0, the drafter's own drafts only:
-DOMINO_LOOKUP=0) must stay above TAU_FLOOR.
+plain decoding token for token, fixed block: --speculative-domino-adaptive off, the drafter's
+own drafts only: --speculative-domino-lookup off) must stay above TAU_FLOOR.
 Measured with the fixed block: tau 1.294 (264 tokens / 204 rounds) for the stage-7 drafter
 (2026-11-26), 1.275 (207 rounds) for stage 5 (2026-11-25); 1.222 (216 rounds) for stage 3, 1.234
 for stage 2, 1.179 for stage 1 (2026-11-23: on these 5 chat prompts the stages are within a few
@@ -52,7 +52,8 @@ def test_shipped_drafter_is_lossless_and_keeps_its_tau(reference, chat_ids):
     prompts = chat_ids[:5]
     # no --drafter: `domino-sglang serve` picks the shipped one
     with start_server("shipped", ["--dtype", "float32", "--max-total-tokens", "16384"],
-                      env={"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}) as server:
+                      ["--speculative-domino-adaptive", "off",
+                       "--speculative-domino-lookup", "off"]) as server:
         assert "--speculative-algorithm DOMINO" in " ".join(server.args) or \
             "DOMINO" in server.log()
         with ThreadPoolExecutor(5) as pool:
@@ -77,7 +78,8 @@ def test_shipped_drafter_is_lossless_and_keeps_its_tau(reference, chat_ids):
     assert served == replayed
 
 
-PATTERN = (16, 1)  # DOMINO_DRAFT_LEN=16,1: a full block at even committed lengths, else plain
+# --speculative-domino-debug-draft-len 16,1: a full block at even committed lengths, else plain
+PATTERN = (16, 1)
 
 
 def test_plain_rounds_feed_the_draft_context(reference, chat_ids):
@@ -89,8 +91,8 @@ def test_plain_rounds_feed_the_draft_context(reference, chat_ids):
     lossless but changes the rounds, and this test fails."""
     prompts = chat_ids[:3]
     with start_server("shipped-plain", ["--dtype", "float32", "--max-total-tokens", "16384"],
-                      env={"DOMINO_DRAFT_LEN": ",".join(map(str, PATTERN)),
-                           "DOMINO_LOOKUP": "0"}) as server:  # the replay is the drafter's
+                      ["--speculative-domino-debug-draft-len", ",".join(map(str, PATTERN)),
+                       "--speculative-domino-lookup", "off"]) as server:  # the replay's drafts
         outs = [_generate(server.url, ids) for ids in prompts]
     assert [out["output_ids"] for out in outs] == reference[:3]
     served = [out["meta_info"]["spec_verify_ct"] for out in outs]
@@ -106,9 +108,10 @@ SHORT_PATTERN = (4, 1, 2, 3)  # rounds of L = 4, 1, 2, 3 by committed length: sh
 
 
 def test_short_draft_passes_draft_what_the_drafter_computes(reference, chat_ids):
-    """With short drafting (DOMINO_SHORT_DRAFT=1: a round verifying L < B tokens drafts
-    [x_t, MASK x (L-1)] only; the shipped drafter, trained on short blocks, asks for it, and the
-    variable makes sure) the output stays lossless and the served rounds equal the replay
+    """With short drafting (--speculative-domino-debug-short-draft on: a round verifying L < B
+    tokens drafts [x_t, MASK x (L-1)] only; the shipped drafter, trained on short blocks, asks for
+    it, and the
+    flag makes sure) the output stays lossless and the served rounds equal the replay
     drafting the same short blocks. The replay with whole-block drafts must differ from it
     (stage 11: short [7, 42, 53] vs whole [6, 41, 53]; stage 12: [7, 43, 52] vs [6, 44, 54];
     stage 30: [5, 41, 48] vs [5, 40, 48]), which is what gives the equality its power: if a new
@@ -118,8 +121,9 @@ def test_short_draft_passes_draft_what_the_drafter_computes(reference, chat_ids)
     test_sampling.py)."""
     prompts = chat_ids[:3]
     with start_server("shipped-short", ["--dtype", "float32", "--max-total-tokens", "16384"],
-                      env={"DOMINO_DRAFT_LEN": ",".join(map(str, SHORT_PATTERN)),
-                           "DOMINO_SHORT_DRAFT": "1", "DOMINO_LOOKUP": "0"}) as server:
+                      ["--speculative-domino-debug-draft-len", ",".join(map(str, SHORT_PATTERN)),
+                       "--speculative-domino-debug-short-draft", "on",
+                       "--speculative-domino-lookup", "off"]) as server:
         assert "draft pass L tokens" in server.log()
         outs = [_generate(server.url, ids) for ids in prompts]
         sampled = [_generate(server.url, ids, temperature=0.8) for ids in prompts[:2]]

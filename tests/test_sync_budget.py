@@ -1,13 +1,15 @@
 """The decode round's host-sync budget (issue 64, item 2), counted on the real worker in a CPU
-server: DOMINO_SYNC_LOG makes the worker run every decode round under syncs.SyncCounter and log
-the host-device synchronisations and copies that its own code (domino_sglang, the CPU attention
-backend excluded: SGLang's GPU backends replace it) would make on a GPU, by round kind.
+server: --speculative-domino-debug-sync-log makes the worker run every decode round under
+syncs.SyncCounter and log the host-device synchronisations and copies that its own code
+(domino_sglang, the CPU attention backend excluded: SGLang's GPU backends replace it) would make on
+a GPU, by round kind.
 
 Budget per round: greedy drafted <= 2, sampled <= 2, plain <= 1, rounds with prompt-lookup or
 pointer copies <= 3, whatever the block length L and the number of requests. The shipped drafter
 is a pointer (copy-gate) drafter, so every drafted round here has pointer copies; the copy index
-is on the device (DOMINO_COPY_INDEX=device, the CUDA default). Requests carry no sampling_seed
-and no penalties (each would add one host-to-device copy of its per-request flags)."""
+is on the device (--speculative-domino-debug-copy-index device, the CUDA default). Requests
+carry no sampling_seed and no penalties (each would add one host-to-device copy of its per-request
+flags)."""
 
 from __future__ import annotations
 
@@ -67,10 +69,12 @@ def test_the_counter_counts_what_would_synchronise_on_a_gpu():
 def test_decode_rounds_keep_the_host_sync_budget(tmp_path, ar_server_fp32, chat_ids):
     """... and the device copy index drafts losslessly: greedy outputs equal plain decoding."""
     log = tmp_path / "syncs.jsonl"
-    env = {"DOMINO_SYNC_LOG": str(log), "DOMINO_COPY_INDEX": "device", "DOMINO_ADAPTIVE": "0",
-           "DOMINO_DRAFT_LEN": "16,5,1,3"}  # several L, plain rounds included
+    flags = ["--speculative-domino-debug-sync-log", str(log),
+             "--speculative-domino-debug-copy-index", "device",
+             "--speculative-domino-adaptive", "off",
+             "--speculative-domino-debug-draft-len", "16,5,1,3"]  # several L, plain rounds too
     with start_server("sync-budget", ["--dtype", "float32", "--max-total-tokens", "16384"],
-                      env=env) as server:
+                      flags) as server:
         greedy = [_generate(server.url, chat_ids[0], 0.0)]
         _generate(server.url, chat_ids[1], 0.8)
         with ThreadPoolExecutor(4) as pool:  # batched rounds, greedy and sampled rows

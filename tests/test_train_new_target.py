@@ -6,8 +6,9 @@ The conversations are ShareGPT-style JSONL written here; `regenerate --data FILE
 has the running target answer them (on-policy). 4 target layers, not 2: with 2 the only target
 layer the spread can read is the last one, whose transformers hidden state is final-normed while
 SGLang captures it before the norm, so training and serving would read different features.
-The drafter is served with a fixed block and no lookup (DOMINO_ADAPTIVE=0, DOMINO_LOOKUP=0), so
-its verify rounds per prompt must equal `replay_rounds` (the worker's loop replayed offline);
+The drafter is served with a fixed block and no lookup (--speculative-domino-adaptive off,
+--speculative-domino-lookup off), so its verify rounds per prompt must equal `replay_rounds` (the
+worker's loop replayed offline);
 the random drafter is the run's untrained starting point (out/init: backbone warm-started from
 the target's last layer, head at random), replayed the same way (a third server would not fit
 the time budget).
@@ -87,7 +88,8 @@ def test_new_target_regenerate_train_serve(tmp_path):
         # fixed block, the drafter's own drafts only: what replay_rounds replays
         with start_server("new-target-domino", ["--drafter", str(run / "drafter"),
                                                 *plain_args[1:]],
-                          env={"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}) as domino:
+                          ["--speculative-domino-adaptive", "off",
+                           "--speculative-domino-lookup", "off"]) as domino:
             outs = [_greedy(domino, ids) for ids in prompts]
     for out, want in zip(outs, reference):
         assert out["output_ids"] == want  # lossless: float32 greedy, token for token

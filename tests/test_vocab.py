@@ -10,7 +10,13 @@ import pytest
 
 from domino_sglang.config import DrafterConfigError
 from domino_sglang.paths import shipped_drafter_dir
-from domino_sglang.vocab import ENV, FILE, build_draft_vocab, load_draft_vocab, write_draft_vocab
+from domino_sglang.vocab import (
+    FILE,
+    build_draft_vocab,
+    load_draft_vocab,
+    load_draft_vocab_file,
+    write_draft_vocab,
+)
 
 
 def _data(tmp_path):
@@ -54,10 +60,12 @@ def test_a_bad_file_is_refused_naming_the_field(tmp_path, doc, needle):
     assert needle in str(err.value) and FILE in str(err.value)
 
 
-def test_env_switch_serves_the_full_vocabulary(tmp_path, monkeypatch):
-    write_draft_vocab(tmp_path, [1, 2], source="x", max_id=None)
-    monkeypatch.setenv(ENV, "0")
-    assert load_draft_vocab(tmp_path, vocab_size=10) is None
+def test_a_token_map_file_is_read_or_refused(tmp_path):
+    """--speculative-token-map names a draft_vocab.json directly (options.py)."""
+    path = write_draft_vocab(tmp_path, [7, 1, 2], source="x", max_id=None)
+    assert load_draft_vocab_file(path, vocab_size=10).tolist() == [1, 2, 7]
+    with pytest.raises(DrafterConfigError, match="not a regular file"):
+        load_draft_vocab_file(tmp_path / "missing.json", vocab_size=10)
 
 
 def test_shipped_drafter_has_a_valid_draft_vocabulary():

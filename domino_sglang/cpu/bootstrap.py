@@ -57,9 +57,16 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 _FINDER = _StandInFinder()
 
 
+def env_switch(name: str) -> bool:
+    """Whether environment variable `name` is "1": the one rule for the switches of the process
+    environment that the CPU runtime reads (SGLANG_USE_CPU_ENGINE and our kill switches).
+    DOMINO's serving options are flags (options.py), never environment variables."""
+    return os.environ.get(name) == "1"
+
+
 def should_install() -> bool:
     """True when the CPU engine is requested and no real sgl_kernel can be found."""
-    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1" or os.environ.get(DISABLE_ENV) == "1":
+    if not env_switch("SGLANG_USE_CPU_ENGINE") or env_switch(DISABLE_ENV):
         return False
     if _FINDER in sys.meta_path:
         return False

@@ -33,9 +33,10 @@ Off with DOMINO_SGLANG_NO_ONEDNN_LINEAR=1; never active on GPU.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
+
+from domino_sglang.cpu.bootstrap import env_switch
 
 logger = logging.getLogger(__name__)
 
@@ -141,8 +142,7 @@ def is_active() -> bool:
 
 
 def should_install() -> bool:
-    return (os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
-            and os.environ.get(DISABLE_ENV) != "1"
+    return (env_switch("SGLANG_USE_CPU_ENGINE") and not env_switch(DISABLE_ENV)
             and torch.backends.mkldnn.is_available())
 
 

@@ -757,8 +757,9 @@ def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
         a = start (x_a, the prefill's token, is the first bonus); repeat while a < T - 1:
         draft [x_a, MASK x (B-1)] from the features of positions < a, k = longest prefix of
         drafts equal to x_{a+1..}, a += k + 1
-    draft_lens: the worker's pinned pattern (DOMINO_DRAFT_LEN=L0,L1,..): a round at committed
-    length a verifies L = draft_lens[a mod len] chain tokens (L - 1 drafts; L = 1: plain, a += 1).
+    draft_lens: the worker's pinned pattern (--speculative-domino-debug-draft-len L0,L1,..): a
+    round at committed length a verifies L = draft_lens[a mod len] chain tokens (L - 1 drafts;
+    L = 1: plain, a += 1).
     short_draft: a round of L < B drafts [x_a, MASK x (L-1)] alone (the worker's short draft).
     Equal to the served spec_verify_ct when serving computes what the drafter computes.
     """
@@ -878,7 +879,7 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
                            conf.distill_topk if conf.distill else 0, device, shard=fsdp)
     if fsdp:  # the sharded target's forwards are collective: all of them before the loop
         feats.precompute(train_recs + held, rank, world)
-    vocab = (load_draft_vocab(out, dconf.vocab_size, honour_env=False) if conf.draft_vocab
+    vocab = (load_draft_vocab(out, dconf.vocab_size) if conf.draft_vocab
              else None)  # [Vd] token ids
     export = {VOCAB_FILE: (out / VOCAB_FILE).read_text()} if vocab is not None else None
     if vocab is not None:

@@ -9,8 +9,8 @@ Configured as an operator would run it, and small enough to be under pressure:
     one server exercises both rejected and accepted rounds;
   - a KV pool of POOL tokens, far below what 48 running requests need, so loads queue and retract;
   - `--api-key` and `--admin-api-key`: every request here carries AUTH, admin routes ADMIN_AUTH;
-  - DOMINO_ADAPTIVE=0: every round verifies a full block, even at batch sizes where the adaptive
-    policy would decode plainly, so the speculative path is what gets the load.
+  - --speculative-domino-adaptive off: every round verifies a full block, even at batch sizes
+    where the adaptive policy would decode plainly, so the speculative path is what gets the load.
 SGLang's own idle check (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE, on by default) raises in the
 scheduler if a KV slot or request slot leaks, so a leak also shows as a dead server.
 
@@ -45,8 +45,7 @@ def rel_server(rel_drafter, references):  # references first: AR work done befor
         "reliability",
         ["--dtype", "float32", "--max-total-tokens", str(POOL), "--api-key", API_KEY],
         ["--speculative-algorithm", "DOMINO", "--speculative-draft-model-path", str(rel_drafter),
-         "--admin-api-key", ADMIN_KEY],
-        env={"DOMINO_ADAPTIVE": "0"})
+         "--admin-api-key", ADMIN_KEY, "--speculative-domino-adaptive", "off"])
     yield server
     server.stop()
 

@@ -43,8 +43,9 @@ def eos_server(target_path, tmp_path_factory):
     drafter = make_eos_drafter(target_path, tmp_path_factory.mktemp("eos") / "eos4", 4)
     with start_server("domino-eos", ["--dtype", "float32", "--max-total-tokens", "8192"],
                       ["--speculative-algorithm", "DOMINO",
-                       "--speculative-draft-model-path", str(drafter)],
-                      env={"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}) as server:
+                       "--speculative-draft-model-path", str(drafter),
+                       "--speculative-domino-adaptive", "off",
+                       "--speculative-domino-lookup", "off"]) as server:
         yield server
 
 
@@ -108,8 +109,9 @@ def period_server(target_path, tokenizer, tmp_path_factory):
                                token=period)
     with start_server("domino-period", ["--dtype", "float32", "--max-total-tokens", "8192"],
                       ["--speculative-algorithm", "DOMINO",
-                       "--speculative-draft-model-path", str(drafter)],
-                      env={"DOMINO_ADAPTIVE": "0", "DOMINO_LOOKUP": "0"}) as server:
+                       "--speculative-draft-model-path", str(drafter),
+                       "--speculative-domino-adaptive", "off",
+                       "--speculative-domino-lookup", "off"]) as server:
         yield server
 
 

@@ -58,8 +58,9 @@ def retracting_server(rel_drafter, references):
             "retracting", ["--dtype", "float32", "--max-total-tokens", str(POOL),
                            "--api-key", API_KEY],
             ["--speculative-algorithm", "DOMINO",
-             "--speculative-draft-model-path", str(rel_drafter)],
-            env={"DOMINO_ADAPTIVE": "0", "SGLANG_TEST_RETRACT": "1",
+             "--speculative-draft-model-path", str(rel_drafter),
+             "--speculative-domino-adaptive", "off"],
+            env={"SGLANG_TEST_RETRACT": "1",
                  "SGLANG_TEST_RETRACT_INTERVAL": "2"}) as server:
         yield server
 
