@@ -11,7 +11,8 @@ Composed from SGLang pieces rather than subclassing its 3,000-line DFlash worker
     on the schedule batch switched to DECODE: plain rounds (L = 1), as plain decoding runs them.
 Private SGLang internals used here (pinned to sglang==0.5.23): the four above, `ForwardBatch`,
 `ForwardMode`, `CaptureHiddenMode`, `GenerationBatchResult`, `ModelRegistry.models`,
-`BaseSpecWorker`, `runtime_context.get_spec`.
+`BaseSpecWorker`, `runtime_context.get_spec`; all reached through sglang_compat.py, which lists
+them and is checked against the installed SGLang by tests/test_sglang_compat.py.
 """
 
 from __future__ import annotations
@@ -21,27 +22,6 @@ import os
 import time
 
 import torch
-from sglang.srt.layers.logprob_processor import compute_spec_logprobs
-from sglang.srt.layers.sampler import apply_custom_logit_processor
-from sglang.srt.managers.utils import GenerationBatchResult
-from sglang.srt.mem_cache.memory_pool import KVWriteLoc
-from sglang.srt.model_executor.forward_batch_info import (
-    CaptureHiddenMode,
-    ForwardBatch,
-    ForwardMode,
-)
-from sglang.srt.runtime_context import get_spec
-from sglang.srt.sampling.custom_logit_processor import supports_sampling_mask
-from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
-from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
-from sglang.srt.speculative.draft_worker_common import (
-    build_draft_tp_worker,
-    make_draft_block_spec_info,
-    make_draft_input_v2,
-)
-from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
-from sglang.srt.utils.async_probe import sanitize_nan_logits
-from sglang.srt.utils.common import get_bool_env_var
 
 from domino_sglang.algorithm import candidate_pool_from_env, draft_temperature_scale_from_env
 from domino_sglang.config import (
@@ -80,6 +60,31 @@ from domino_sglang.sampling import (
     sampled_rollout,
     seeded_uniform,
 )
+from domino_sglang.sglang_compat import (
+    BaseSpecWorker,
+    CaptureHiddenMode,
+    DFlashVerifyInput,
+    ForwardBatch,
+    ForwardMode,
+    GenerationBatchResult,
+    GrammarTree,
+    KVWriteLoc,
+    apply_custom_logit_processor,
+    apply_scaling_penalties,
+    assign_extend_cache_locs_func,
+    batch_round_state,
+    build_draft_tp_worker,
+    build_grammar_vocab_mask,
+    compute_spec_logprobs,
+    get_bool_env_var,
+    get_spec,
+    host_lens_grown,
+    make_draft_block_spec_info,
+    make_draft_input_v2,
+    register_draft_architecture,
+    sanitize_nan_logits,
+    supports_sampling_mask,
+)
 from domino_sglang.verify import one_hot_proposal, verify_greedy, verify_mixed
 from domino_sglang.vocab import load_draft_vocab
 
@@ -117,9 +122,7 @@ class DominoWorker(BaseSpecWorker):
 
         # The draft config names SGLang's DFlashDraftModel; in this (scheduler) process, and only
         # when DOMINO was chosen, that architecture resolves to our drafter class.
-        from sglang.srt.models.registry import ModelRegistry
-
-        ModelRegistry.models[ARCHITECTURE] = sglang_draft_model_class()
+        register_draft_architecture(ARCHITECTURE, sglang_draft_model_class())
         bundle = build_draft_tp_worker(
             server_args=server_args, gpu_id=gpu_id, nccl_port=nccl_port,
             target_model_config=target_cfg, algo_label="DOMINO",
@@ -737,8 +740,6 @@ class DominoWorker(BaseSpecWorker):
         req_to_token = self.model_runner.req_to_token_pool.req_to_token  # [R, pool_len] int32
         if width == 1:
             return req_to_token[batch.req_pool_indices, prefix_lens].to(torch.int64)
-        from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
-
         return assign_extend_cache_locs_func(
             req_pool_indices=batch.req_pool_indices, req_to_token=req_to_token,
             start_offset=prefix_lens, end_offset=prefix_lens + width,
@@ -772,19 +773,13 @@ class DominoWorker(BaseSpecWorker):
     def verify_forward(self, batch, chain, positions, slots):
         """Target TARGET_VERIFY forward over [x_t, d_1..d_{B-1}]: logits of every position and
         the drafter's target-layer features."""
-        from sglang.srt.speculative.dflash_info import DFlashVerifyInput
-
         verify_input = DFlashVerifyInput(
             draft_token=chain.reshape(-1), positions=positions, draft_token_num=chain.shape[1],
             custom_mask=None, capture_hidden_mode=CaptureHiddenMode.FULL,
         )
         batch.out_cache_loc = slots
-        saved = batch.seq_lens_cpu, batch.seq_lens_sum
-        if batch.seq_lens_cpu is not None:  # host bound = committed prefix + one block
-            batch.seq_lens_cpu = batch.seq_lens_cpu + chain.shape[1]
-            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-        forward_batch, _ = verify_input.prepare_for_verify(batch, self._target_worker)
-        batch.seq_lens_cpu, batch.seq_lens_sum = saved
+        with host_lens_grown(batch, chain.shape[1]):  # host bound = committed prefix + one block
+            forward_batch, _ = verify_input.prepare_for_verify(batch, self._target_worker)
         out = self._target_worker.forward_batch_generation(
             batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True)
         return out.logits_output, out.logits_output.hidden_states
@@ -794,23 +789,18 @@ class DominoWorker(BaseSpecWorker):
         built by SGLang from the schedule batch exactly as plain decoding builds it (seq_lens
         count x_t, positions = seq_lens - 1), with the drafter's target-layer features captured.
         The batch's round state is restored afterwards."""
-        saved = (batch.forward_mode, batch.input_ids, batch.out_cache_loc, batch.spec_info,
-                 batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum)
-        batch.forward_mode, batch.input_ids, batch.out_cache_loc = (
-            ForwardMode.DECODE, chain.reshape(-1), slots)
-        batch.spec_info = None
-        batch.seq_lens = batch.seq_lens + 1
-        if batch.seq_lens_cpu is not None:
-            batch.seq_lens_cpu = batch.seq_lens_cpu + 1
-            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-        else:
-            batch.seq_lens_sum = int(batch.seq_lens.sum())
-        try:
+        with batch_round_state(batch):
+            batch.forward_mode, batch.input_ids, batch.out_cache_loc = (
+                ForwardMode.DECODE, chain.reshape(-1), slots)
+            batch.spec_info = None
+            batch.seq_lens = batch.seq_lens + 1
+            if batch.seq_lens_cpu is not None:
+                batch.seq_lens_cpu = batch.seq_lens_cpu + 1
+                batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+            else:
+                batch.seq_lens_sum = int(batch.seq_lens.sum())
             out = self._target_worker.forward_batch_generation(
                 batch, is_verify=True, capture_hidden_mode=CaptureHiddenMode.FULL)
-        finally:
-            (batch.forward_mode, batch.input_ids, batch.out_cache_loc, batch.spec_info,
-             batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum) = saved
         return out.logits_output, out.logits_output.hidden_states
 
     def write_draft_context(self, target_hidden: torch.Tensor, positions: torch.Tensor,
