@@ -256,7 +256,7 @@ def cumulate_penalties(batch) -> None:
     SGLang's DFLASH-family path does not, and the worker cannot: it runs on a forward-only copy
     of the sampling info (`copy_for_forward`: orchestrator None, penalties pre-accumulated into
     `acc_additive_penalties` / `acc_scaling_penalties` right after this point). A penalized
-    request commits one token per round (worker.one_token_rows), so `output_ids[-1]` is exactly
+    request commits one token per round (planner.one_token_flags), so `output_ids[-1]` is exactly
     the token plain decoding would feed here; for the others the penalizers hold zeros."""
     if getattr(batch.spec_algorithm, "name", None) != NAME:
         return

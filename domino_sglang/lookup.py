@@ -6,11 +6,12 @@ history, the tokens that followed the most recent longest such occurrence are a 
 no model pass (the idea of prompt lookup decoding, Saxena 2023, and of SGLang's NGRAM drafter,
 kept to one request so a request's drafts never depend on what else is being served).
 
-The worker (worker.py `lookup_drafts`: every request in one `lookup_batch`) uses a lookup draft
-in place of the Domino block for that request; a batch whose every request has one skips the
-draft pass (32 requests of 300 tokens: 0.4 ms batched, 6 ms one by one). Verification is
-unchanged: greedy rows keep the longest matching prefix; sampled rows verify the copied tokens as
-a deterministic proposal, q = one-hot (min(1, p / q) = p(d), residual p without d): still exact.
+The worker (`PromptLookup.find`, asked by planner.py: every request in one `lookup_batch`)
+uses a lookup draft in place of the Domino block for that request; a batch whose every request
+has one skips the draft pass (32 requests of 300 tokens: 0.4 ms batched, 6 ms one by one).
+Verification is unchanged: greedy rows keep the longest matching prefix; sampled rows verify the
+copied tokens as a deterministic proposal, q = one-hot (min(1, p / q) = p(d), residual p
+without d): still exact.
 Replaying the target's greedy answers to the first 20 MT-Bench / HumanEval / GSM8K prompts
 (128 tokens; stage-19 drafter) this takes 4,121 verify rounds down to 3,292.
 """
@@ -18,6 +19,7 @@ Replaying the target's greedy answers to the first 20 MT-Bench / HumanEval / GSM
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -97,7 +99,7 @@ def has_recurring_suffix(history: list[int], min_match: int = MIN_MATCH) -> bool
     Python on the host list: one C-level `list.index` scan per earlier occurrence of the
     suffix's first token (a few us for a chat turn; more for a long history full of one token).
     The worker asks it of every request before paying for a batched lookup that could not
-    change a plain round (worker.py `plain_round_may_copy`)."""
+    change a plain round (planner.py `plain_round_may_copy`)."""
     end = len(history) - min_match  # an earlier occurrence starts in [0, end)
     if end < 1:
         return False
@@ -119,3 +121,54 @@ def lookup_from_env() -> bool:
     if value not in ("0", "1"):
         raise ValueError(f"DOMINO_LOOKUP must be 0 or 1, got {value!r}")
     return value == "1"
+
+
+@dataclass(frozen=True)
+class LookupDrafts:
+    """A round's prompt-lookup drafts: found_host / found [bs] bool (the rows that copy, on the
+    host and on the device), drafts [bs, B-1] int64 on the device (the mask token where a row
+    has none), longest (the longest copy, in tokens)."""
+
+    found_host: list[bool]
+    found: torch.Tensor
+    drafts: torch.Tensor
+    longest: int
+
+
+class PromptLookup:
+    """The prompt-lookup proposer of a worker drafting blocks of `block_size` tokens."""
+
+    def __init__(self, block_size: int, mask_token_id: int, device):
+        self.block_size, self.mask_token_id, self.device = block_size, mask_token_id, device
+
+    def find(self, batch, bonus: torch.Tensor, capped: list[bool] | None) -> LookupDrafts | None:
+        """Lookup drafts from each request's prompt + output so far (SGLang Reqs: batch.reqs),
+        or None when no request has one. Capped requests take none. The lookup runs on the host
+        lists; its result reaches the device in one copy. A request whose recorded output does
+        not end in its bonus token x_t (bonus [bs] on the device; it would: the scheduler runs
+        rounds synchronously) takes none either: checked on the device, where x_t is (its row
+        drafts the mask token then, still exact)."""
+        n, mask = self.block_size - 1, self.mask_token_id
+        skip = capped or [False] * len(batch.reqs)
+        rows, histories = [], []
+        for i, req in enumerate(batch.reqs):
+            history = req.origin_input_ids + req.output_ids
+            if not skip[i] and history:
+                rows.append(i)
+                histories.append(torch.tensor(history, dtype=torch.int64))
+        if not rows:
+            return None
+        copies, lens = lookup_batch(histories, n)  # [m, B-1] (-1 padded), [m]
+        if not bool((lens > 0).any()):
+            return None
+        # [bs, B + 1]: drafts, found, the history's last token (host, then one copy)
+        packed = torch.full((len(batch.reqs), n + 2), mask, dtype=torch.int64)
+        index = torch.tensor(rows)
+        packed[index, :n] = torch.where(copies >= 0, copies, mask)
+        packed[:, n] = 0
+        packed[index, n] = (lens > 0).long()
+        packed[index, n + 1] = torch.stack([h[-1] for h in histories])
+        found_host = (packed[:, n] > 0).tolist()
+        dev = packed.to(self.device)
+        found = (dev[:, n] > 0) & (dev[:, n + 1] == bonus)
+        return LookupDrafts(found_host, found, dev[:, :n], int(lens.max()))
