@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from domino_sglang.copyrule import suffix_matches
+
 MIN_MATCH = 2  # suffix tokens that must recur: a 1-token match mostly copies noise
 MAX_MATCH = 12  # longest suffix compared (as SGLang's NGRAM max match window)
 
@@ -50,43 +52,32 @@ def lookup_batch(histories: list[torch.Tensor], max_tokens: int, min_match: int 
     the most. (Replay as in the module docstring: 3,359 rounds taking the last occurrence,
     3,318 the first, 3,292 this rule.)
 
-    One set of max_match tensor compares for the whole batch: the histories are right-aligned
-    in [n, T] (T the longest, -1 before a shorter one's start, which no suffix token equals).
+    The match lengths are copyrule.suffix_matches (the rule the pointer copy shares), one set
+    of max_match tensor compares for the whole batch over the histories left-aligned in [n, T]
+    (T the longest).
     """
     n = len(histories)
     empty = (torch.full((n, max(max_tokens, 0)), -1, dtype=torch.int64),
              torch.zeros(n, dtype=torch.int64))
     lens = torch.tensor([h.numel() for h in histories], dtype=torch.int64)  # [n]
     T = int(lens.max()) if n else 0
-    n_max = min(max_match, T - 1)
-    if n_max < min_match or max_tokens < 1:
+    if min(max_match, T - 1) < min_match or max_tokens < 1:
         return empty
     # the histories' device; None (the default) for host histories, as the worker's are, so
     # no tensor here is ever taken for a device one (syncs.py counts by provenance)
     device = None if histories[0].device.type == "cpu" else histories[0].device
-    h = torch.nn.utils.rnn.pad_sequence(list(histories), batch_first=True, padding_value=-1,
-                                        padding_side="left")  # [n, T], right-aligned
-    # padded[:, n_max + s] = h[:, s]; -2 before the start equals neither a token nor -1
-    padded = torch.cat((h.new_full((n, n_max), -2), h[:, :-1]), dim=1)  # [n, n_max + T - 1]
-    ends = torch.arange(T - 1, device=device)  # s = 0 .. T-2, occurrences ending there
-    # a suffix of j + 1 tokens needs j + 1 <= min(max_match, T_row - 1)
-    row_max = lens.clamp(max=max_match + 1) - 1  # [n]
-    if device is not None:
-        row_max = row_max.to(device)
-    # match[:, s] = sum over j of prod_{i <= j} (h[:, s - i] == h[:, T - 1 - i]): the longest
-    # common suffix ending at s, one running product over j = 0 .. n_max-1
-    run = torch.ones(n, T - 1, dtype=torch.bool, device=device)
-    match = torch.zeros(n, T - 1, dtype=torch.int32, device=device)
-    for j in range(n_max):
-        run &= padded[:, n_max - j:n_max - j + T - 1] == h[:, T - 1 - j, None]
-        run &= (j < row_max)[:, None]
-        match += run
+    h = torch.nn.utils.rnn.pad_sequence(list(histories), batch_first=True,
+                                        padding_value=-1)  # [n, T], left-aligned
+    last = lens - 1 if device is None else (lens - 1).to(device)  # [n] x_t's position
+    match = suffix_matches(h, last, max_match)  # [n, T], 0 at e >= last
+    ends = torch.arange(T, device=device)  # e
     best = match.max(dim=1).values  # [n]
-    at_best = match == best[:, None]  # [n, T-1]
-    last_full = torch.where(at_best & (ends <= T - 1 - max_tokens), ends, -1).amax(dim=1)
+    at_best = match == best[:, None]  # [n, T]
+    full = ends[None, :] <= (last - max_tokens)[:, None]  # followed by max_tokens known tokens
+    last_full = torch.where(at_best & full, ends, -1).amax(dim=1)
     first = torch.where(at_best, ends, T).amin(dim=1)
     s = torch.where(last_full >= 0, last_full, first)  # [n]
-    lengths = torch.where(best >= min_match, (T - 1 - s).clamp(max=max_tokens), 0)  # [n]
+    lengths = torch.where(best >= min_match, (last - s).clamp(max=max_tokens), 0)  # [n]
     offsets = torch.arange(max_tokens, device=device)
     idx = (s[:, None] + 1 + offsets).clamp(max=T - 1)  # [n, max_tokens]
     drafts = torch.where(offsets < lengths[:, None], h.gather(1, idx), -1)
