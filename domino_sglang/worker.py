@@ -34,9 +34,7 @@ from domino_sglang.context import DeferredContext
 from domino_sglang.cpu import linear as cpu_linear
 from domino_sglang.cpu.argmax import argmax
 from domino_sglang.lookup import PromptLookup, lookup_from_env
-from domino_sglang.metrics import (
-    DominoMetrics,
-)
+from domino_sglang.metrics import DominoMetrics
 from domino_sglang.model import sglang_draft_model_class
 from domino_sglang.observer import RoundObserver
 from domino_sglang.planner import RoundPlan, RoundPlanner
@@ -321,7 +319,7 @@ class DominoWorker(BaseSpecWorker):
         """One round for every running request (bs of them, block size B):
 
           1. draft:   z = backbone([x_t, MASK x (W-1)] | context K/V)        one pass, all blocks
-                      (W = B; W = L for a drafter trained on short blocks, see propose)
+                      (W = B; W = L for a drafter trained on short blocks, see draft)
                       a request whose last n >= 2 tokens recur in its own history drafts
                       d_1.. = what followed them there instead (lookup.py); no pass if all do
           2. refine:  d_1 = argmax base_0; d_{i+1} = argmax(base_i + head(z_i, GRU(x_t, d_1..d_i)))
