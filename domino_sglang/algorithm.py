@@ -37,9 +37,10 @@ class DominoArgsError(ValueError):
 
 def _spec_class():
     import torch
-    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-    class DominoSpec(CustomSpecAlgo):
+    from domino_sglang import sglang_compat
+
+    class DominoSpec(sglang_compat.custom_spec_algo_base()):
         # -- capabilities (see module docstring for the one impersonation) --
         def is_dflash_family(self) -> bool:
             return True
@@ -62,10 +63,8 @@ def _spec_class():
         def create_future_map(self, device: torch.device, req_to_token_pool,
                               needs_cpu_seq_lens: bool = True,
                               needs_confidence_relay: bool = False):
-            from sglang.srt.managers.overlap_utils import FutureMap
-
-            return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens,
-                             needs_confidence_relay)
+            return sglang_compat.future_map(device, self, req_to_token_pool,
+                                            needs_cpu_seq_lens, needs_confidence_relay)
 
         def handle_server_args(self, server_args) -> None:
             resolve_server_args(server_args)
@@ -193,7 +192,7 @@ def clip_max_new_tokens(_result, scheduler, req) -> None:
     this clip, a request that grows to the pool's size is aborted with a 500 ("Out of memory even
     after retracting all other requests") after generating all but its last few tokens. With it,
     such a request ends `length` 2 x block tokens earlier than without speculation."""
-    from sglang.srt.runtime_context import get_spec
+    from domino_sglang.sglang_compat import get_spec
 
     spec = get_spec()
     if str(spec.speculative_algorithm).upper() != NAME:
@@ -219,26 +218,17 @@ def register_algorithm() -> None:
     global _registered
     if _registered:
         return
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-    from sglang.srt.speculative.spec_registry import get_spec
+    from domino_sglang import sglang_compat
 
-    if get_spec(NAME) is None:
-        def factory(server_args):
-            from domino_sglang.worker import DominoWorker
+    def factory(server_args):
+        from domino_sglang.worker import DominoWorker
 
-            return DominoWorker
+        return DominoWorker
 
-        SpeculativeAlgorithm.register(NAME, supports_overlap=False,
-                                      spec_class=_spec_class())(factory)
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens",
-                          clip_max_new_tokens, HookType.AFTER)
-    HookRegistry.register("sglang.srt.speculative.spec_utils.spec_prepare_for_decode",
-                          cumulate_penalties, HookType.BEFORE)
-    HookRegistry.register(
-        "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
-        refuse_unsupported_outputs, HookType.BEFORE)
+    sglang_compat.register_spec_algorithm(NAME, _spec_class(), factory)
+    sglang_compat.register_hooks({"clip_max_new_tokens": clip_max_new_tokens,
+                                  "cumulate_penalties": cumulate_penalties,
+                                  "refuse_unsupported_outputs": refuse_unsupported_outputs})
     _registered = True
 
 
@@ -256,14 +246,12 @@ def refuse_unsupported_outputs(tokenizer_manager, obj, input_ids) -> None:
     algorithm = getattr(tokenizer_manager.server_args, "speculative_algorithm", None)
     if str(algorithm or "").upper() != NAME:
         return
-    from sglang.srt.managers.schedule_batch import get_request_return_hidden_states_mode
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from domino_sglang.sglang_compat import wants_hidden_states
 
     mask = getattr(obj, "return_sampling_mask", None)
     asked = {
         "return_sampling_mask": mask is True or (isinstance(mask, list) and any(mask)),
-        "return_hidden_states": get_request_return_hidden_states_mode(
-            getattr(obj, "return_hidden_states", False)) != CaptureHiddenMode.NULL,
+        "return_hidden_states": wants_hidden_states(getattr(obj, "return_hidden_states", False)),
     }
     for field, why in UNSUPPORTED_OUTPUTS.items():
         if asked[field]:
@@ -279,7 +267,7 @@ def cumulate_penalties(batch) -> None:
     SGLang's DFLASH-family path does not, and the worker cannot: it runs on a forward-only copy
     of the sampling info (`copy_for_forward`: orchestrator None, penalties pre-accumulated into
     `acc_additive_penalties` / `acc_scaling_penalties` right after this point). A penalized
-    request commits one token per round (worker.one_token_rows), so `output_ids[-1]` is exactly
+    request commits one token per round (planner.one_token_flags), so `output_ids[-1]` is exactly
     the token plain decoding would feed here; for the others the penalizers hold zeros."""
     if getattr(batch.spec_algorithm, "name", None) != NAME:
         return

@@ -6,18 +6,23 @@ history, the tokens that followed the most recent longest such occurrence are a 
 no model pass (the idea of prompt lookup decoding, Saxena 2023, and of SGLang's NGRAM drafter,
 kept to one request so a request's drafts never depend on what else is being served).
 
-The worker (worker.py `lookup_drafts`: every request in one `lookup_batch`) uses a lookup draft
-in place of the Domino block for that request; a batch whose every request has one skips the
-draft pass (32 requests of 300 tokens: 0.4 ms batched, 6 ms one by one). Verification is
-unchanged: greedy rows keep the longest matching prefix; sampled rows verify the copied tokens as
-a deterministic proposal, q = one-hot (min(1, p / q) = p(d), residual p without d): still exact.
+The worker (`PromptLookup.find`, asked by planner.py: every request in one `lookup_batch`)
+uses a lookup draft in place of the Domino block for that request; a batch whose every request
+has one skips the draft pass (32 requests of 300 tokens: 0.4 ms batched, 6 ms one by one).
+Verification is unchanged: greedy rows keep the longest matching prefix; sampled rows verify the
+copied tokens as a deterministic proposal, q = one-hot (min(1, p / q) = p(d), residual p
+without d): still exact.
 Replaying the target's greedy answers to the first 20 MT-Bench / HumanEval / GSM8K prompts
 (128 tokens; stage-19 drafter) this takes 4,121 verify rounds down to 3,292.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from domino_sglang.copyrule import suffix_matches
 
 MIN_MATCH = 2  # suffix tokens that must recur: a 1-token match mostly copies noise
 MAX_MATCH = 12  # longest suffix compared (as SGLang's NGRAM max match window)
@@ -46,43 +51,32 @@ def lookup_batch(histories: list[torch.Tensor], max_tokens: int, min_match: int 
     the most. (Replay as in the module docstring: 3,359 rounds taking the last occurrence,
     3,318 the first, 3,292 this rule.)
 
-    One set of max_match tensor compares for the whole batch: the histories are right-aligned
-    in [n, T] (T the longest, -1 before a shorter one's start, which no suffix token equals).
+    The match lengths are copyrule.suffix_matches (the rule the pointer copy shares), one set
+    of max_match tensor compares for the whole batch over the histories left-aligned in [n, T]
+    (T the longest).
     """
     n = len(histories)
     empty = (torch.full((n, max(max_tokens, 0)), -1, dtype=torch.int64),
              torch.zeros(n, dtype=torch.int64))
     lens = torch.tensor([h.numel() for h in histories], dtype=torch.int64)  # [n]
     T = int(lens.max()) if n else 0
-    n_max = min(max_match, T - 1)
-    if n_max < min_match or max_tokens < 1:
+    if min(max_match, T - 1) < min_match or max_tokens < 1:
         return empty
     # the histories' device; None (the default) for host histories, as the worker's are, so
     # no tensor here is ever taken for a device one (syncs.py counts by provenance)
     device = None if histories[0].device.type == "cpu" else histories[0].device
-    h = torch.nn.utils.rnn.pad_sequence(list(histories), batch_first=True, padding_value=-1,
-                                        padding_side="left")  # [n, T], right-aligned
-    # padded[:, n_max + s] = h[:, s]; -2 before the start equals neither a token nor -1
-    padded = torch.cat((h.new_full((n, n_max), -2), h[:, :-1]), dim=1)  # [n, n_max + T - 1]
-    ends = torch.arange(T - 1, device=device)  # s = 0 .. T-2, occurrences ending there
-    # a suffix of j + 1 tokens needs j + 1 <= min(max_match, T_row - 1)
-    row_max = lens.clamp(max=max_match + 1) - 1  # [n]
-    if device is not None:
-        row_max = row_max.to(device)
-    # match[:, s] = sum over j of prod_{i <= j} (h[:, s - i] == h[:, T - 1 - i]): the longest
-    # common suffix ending at s, one running product over j = 0 .. n_max-1
-    run = torch.ones(n, T - 1, dtype=torch.bool, device=device)
-    match = torch.zeros(n, T - 1, dtype=torch.int32, device=device)
-    for j in range(n_max):
-        run &= padded[:, n_max - j:n_max - j + T - 1] == h[:, T - 1 - j, None]
-        run &= (j < row_max)[:, None]
-        match += run
+    h = torch.nn.utils.rnn.pad_sequence(list(histories), batch_first=True,
+                                        padding_value=-1)  # [n, T], left-aligned
+    last = lens - 1 if device is None else (lens - 1).to(device)  # [n] x_t's position
+    match = suffix_matches(h, last, max_match)  # [n, T], 0 at e >= last
+    ends = torch.arange(T, device=device)  # e
     best = match.max(dim=1).values  # [n]
-    at_best = match == best[:, None]  # [n, T-1]
-    last_full = torch.where(at_best & (ends <= T - 1 - max_tokens), ends, -1).amax(dim=1)
+    at_best = match == best[:, None]  # [n, T]
+    full = ends[None, :] <= (last - max_tokens)[:, None]  # followed by max_tokens known tokens
+    last_full = torch.where(at_best & full, ends, -1).amax(dim=1)
     first = torch.where(at_best, ends, T).amin(dim=1)
     s = torch.where(last_full >= 0, last_full, first)  # [n]
-    lengths = torch.where(best >= min_match, (T - 1 - s).clamp(max=max_tokens), 0)  # [n]
+    lengths = torch.where(best >= min_match, (last - s).clamp(max=max_tokens), 0)  # [n]
     offsets = torch.arange(max_tokens, device=device)
     idx = (s[:, None] + 1 + offsets).clamp(max=T - 1)  # [n, max_tokens]
     drafts = torch.where(offsets < lengths[:, None], h.gather(1, idx), -1)
@@ -95,7 +89,7 @@ def has_recurring_suffix(history: list[int], min_match: int = MIN_MATCH) -> bool
     Python on the host list: one C-level `list.index` scan per earlier occurrence of the
     suffix's first token (a few us for a chat turn; more for a long history full of one token).
     The worker asks it of every request before paying for a batched lookup that could not
-    change a plain round (worker.py `plain_round_may_copy`)."""
+    change a plain round (planner.py `plain_round_may_copy`)."""
     end = len(history) - min_match  # an earlier occurrence starts in [0, end)
     if end < 1:
         return False
@@ -108,3 +102,55 @@ def has_recurring_suffix(history: list[int], min_match: int = MIN_MATCH) -> bool
         if history[start:start + min_match] == suffix:
             return True
         start += 1
+
+
+
+@dataclass(frozen=True)
+class LookupDrafts:
+    """A round's prompt-lookup drafts: found_host / found [bs] bool (the rows that copy, on the
+    host and on the device), drafts [bs, B-1] int64 on the device (the mask token where a row
+    has none), longest (the longest copy, in tokens)."""
+
+    found_host: list[bool]
+    found: torch.Tensor
+    drafts: torch.Tensor
+    longest: int
+
+
+class PromptLookup:
+    """The prompt-lookup proposer of a worker drafting blocks of `block_size` tokens."""
+
+    def __init__(self, block_size: int, mask_token_id: int, device):
+        self.block_size, self.mask_token_id, self.device = block_size, mask_token_id, device
+
+    def find(self, batch, bonus: torch.Tensor, capped: list[bool] | None) -> LookupDrafts | None:
+        """Lookup drafts from each request's prompt + output so far (SGLang Reqs: batch.reqs),
+        or None when no request has one. Capped requests take none. The lookup runs on the host
+        lists; its result reaches the device in one copy. A request whose recorded output does
+        not end in its bonus token x_t (bonus [bs] on the device; it would: the scheduler runs
+        rounds synchronously) takes none either: checked on the device, where x_t is (its row
+        drafts the mask token then, still exact)."""
+        n, mask = self.block_size - 1, self.mask_token_id
+        skip = capped or [False] * len(batch.reqs)
+        rows, histories = [], []
+        for i, req in enumerate(batch.reqs):
+            history = req.origin_input_ids + req.output_ids
+            if not skip[i] and history:
+                rows.append(i)
+                histories.append(torch.tensor(history, dtype=torch.int64))
+        if not rows:
+            return None
+        copies, lens = lookup_batch(histories, n)  # [m, B-1] (-1 padded), [m]
+        if not bool((lens > 0).any()):
+            return None
+        # [bs, B + 1]: drafts, found, the history's last token (host, then one copy)
+        packed = torch.full((len(batch.reqs), n + 2), mask, dtype=torch.int64)
+        index = torch.tensor(rows)
+        packed[index, :n] = torch.where(copies >= 0, copies, mask)
+        packed[:, n] = 0
+        packed[index, n] = (lens > 0).long()
+        packed[index, n + 1] = torch.stack([h[-1] for h in histories])
+        found_host = (packed[:, n] > 0).tolist()
+        dev = packed.to(self.device)
+        found = (dev[:, n] > 0) & (dev[:, n + 1] == bonus)
+        return LookupDrafts(found_host, found, dev[:, :n], int(lens.max()))

@@ -44,7 +44,7 @@ DRAFT_LEN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 # Reasons a request is decoded without speculation, created at zero so dashboards show them:
 # the adaptive policy chose a plain round, or the request commits one token per round because
 # its logits depend on its own output (penalties, min_new_tokens, history-reading custom logit
-# processors; worker.one_token_rows). Every other request feature (sampling, logit bias, grammar
+# processors; planner.one_token_flags). Every other request feature (sampling, logit bias, grammar
 # masks, logprobs) is verified speculatively.
 FALLBACK_REASONS = ("adaptive_policy", "one_token_requests")
 ROUND_KINDS = ("plain", "draft", "mixed", "copy")

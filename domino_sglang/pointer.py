@@ -30,8 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from domino_sglang.config import COPY_MAX_MATCH
-
-NO_COPY = -1
+from domino_sglang.copyrule import NO_COPY, suffix_matches
 
 
 def copy_table(ids: list[int], max_match: int = COPY_MAX_MATCH) -> tuple[torch.Tensor,
@@ -194,18 +193,10 @@ def device_candidates(seq: torch.Tensor, last: torch.Tensor, max_match: int = CO
         match[b, e] = the longest common suffix (<= max_match) of seq[b, :e+1] and
                       seq[b, :last+1], for e < last; n = max_e match, c = seq[b, e* + 1] at the
                       largest e* with match = n (the most recent occurrence); (NO_COPY, 0) if n = 0
-    max_match compares over [bs, T]: the same answer as CopyIndex.candidate (tests)."""
-    bs, t_cap = seq.shape
+    The same answer as CopyIndex.candidate (tests); match lengths by copyrule.suffix_matches."""
+    t_cap = seq.shape[1]
+    match = suffix_matches(seq, last, max_match)  # [bs, T]
     ends = torch.arange(t_cap, device=seq.device)  # e
-    run = ends[None, :] < last[:, None]  # [bs, T] e <= last - 1
-    match = torch.zeros(bs, t_cap, dtype=torch.int64, device=seq.device)
-    for j in range(max_match):
-        # seq[b, e - j] == seq[b, last - j], both indices >= 0
-        back = ends - j  # [T]
-        left = seq[:, back.clamp(min=0)]  # [bs, T]
-        right = seq.gather(1, (last - j).clamp(min=0)[:, None])  # [bs, 1]
-        run = run & (back >= 0)[None, :] & (last - j >= 0)[:, None] & (left == right)
-        match += run
     best = match.amax(dim=1)  # [bs]
     at = torch.where((match == best[:, None]) & (best[:, None] > 0), ends, -1).amax(dim=1)
     nxt = seq.gather(1, (at + 1).clamp(min=0, max=t_cap - 1)[:, None]).squeeze(1)

@@ -11,36 +11,16 @@ Composed from SGLang pieces rather than subclassing its 3,000-line DFlash worker
     on the schedule batch switched to DECODE: plain rounds (L = 1), as plain decoding runs them.
 Private SGLang internals used here (pinned to sglang==0.5.23): the four above, `ForwardBatch`,
 `ForwardMode`, `CaptureHiddenMode`, `GenerationBatchResult`, `ModelRegistry.models`,
-`BaseSpecWorker`, `runtime_context.get_spec`.
+`BaseSpecWorker`, `runtime_context.get_spec`; all reached through sglang_compat.py, which lists
+them and is checked against the installed SGLang by tests/test_sglang_compat.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import time
 
 import torch
-from sglang.srt.layers.logprob_processor import compute_spec_logprobs
-from sglang.srt.layers.sampler import apply_custom_logit_processor
-from sglang.srt.managers.utils import GenerationBatchResult
-from sglang.srt.mem_cache.memory_pool import KVWriteLoc
-from sglang.srt.model_executor.forward_batch_info import (
-    CaptureHiddenMode,
-    ForwardBatch,
-    ForwardMode,
-)
-from sglang.srt.runtime_context import get_spec
-from sglang.srt.sampling.custom_logit_processor import supports_sampling_mask
-from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
-from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
-from sglang.srt.speculative.draft_worker_common import (
-    build_draft_tp_worker,
-    make_draft_block_spec_info,
-    make_draft_input_v2,
-)
-from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
-from sglang.srt.utils.async_probe import sanitize_nan_logits
-from sglang.srt.utils.common import get_bool_env_var
 
 from domino_sglang import options
 from domino_sglang.config import (
@@ -52,14 +32,11 @@ from domino_sglang.config import (
 from domino_sglang.context import DeferredContext
 from domino_sglang.cpu import linear as cpu_linear
 from domino_sglang.cpu.argmax import argmax
-from domino_sglang.lookup import has_recurring_suffix, lookup_batch
-from domino_sglang.metrics import (
-    DominoMetrics,
-    RoundClock,
-    draft_outcomes,
-    head_change_outcomes,
-)
+from domino_sglang.lookup import PromptLookup
+from domino_sglang.metrics import DominoMetrics
 from domino_sglang.model import sglang_draft_model_class
+from domino_sglang.observer import RoundObserver
+from domino_sglang.planner import RoundPlan, RoundPlanner
 from domino_sglang.pointer import (
     CopyIndex,
     DeviceHistories,
@@ -78,12 +55,61 @@ from domino_sglang.sampling import (
     sampled_rollout,
     seeded_uniform,
 )
+from domino_sglang.sglang_compat import (
+    BaseSpecWorker,
+    CaptureHiddenMode,
+    DFlashVerifyInput,
+    ForwardBatch,
+    ForwardMode,
+    GenerationBatchResult,
+    GrammarTree,
+    KVWriteLoc,
+    apply_custom_logit_processor,
+    apply_scaling_penalties,
+    assign_extend_cache_locs_func,
+    batch_round_state,
+    build_draft_tp_worker,
+    build_grammar_vocab_mask,
+    compute_spec_logprobs,
+    get_bool_env_var,
+    get_spec,
+    host_lens_grown,
+    make_draft_block_spec_info,
+    make_draft_input_v2,
+    register_draft_architecture,
+    sanitize_nan_logits,
+)
 from domino_sglang.verify import one_hot_proposal, verify_greedy, verify_mixed
 from domino_sglang.vocab import load_draft_vocab, load_draft_vocab_file
 
 logger = logging.getLogger(__name__)
 # SGLang's sampler reads this once at import (sampler.py): logprobs before temperature
 _RETURN_ORIGINAL_LOGPROB = get_bool_env_var("SGLANG_RETURN_ORIGINAL_LOGPROB")
+
+
+@dataclasses.dataclass(frozen=True)
+class Proposal:
+    """A round's drafts beyond the chain itself: drafts = q [bs, L-1, V] (sampled: what the
+    drafts were drawn from, copied rows one-hot) or the backbone's own argmax picks [bs, L-1]
+    (greedy: head metrics), None without a draft pass; copied [bs, L-1] bool: the greedy
+    positions the pointer copy drafted (metrics); pointer: whether the copy path ran."""
+
+    drafts: torch.Tensor | None = None
+    copied: torch.Tensor | None = None
+    pointer: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The verifier's outcome: tokens [bs, L] (committed prefix of each row: its first
+    accept_lens), accept_lens [bs] (a + 1, one-token rows capped at 1), judged [bs] (a + 1
+    before capping: what the policy learns from), target_choice [bs, L] (greedy: the target's
+    argmax; None sampled)."""
+
+    tokens: torch.Tensor
+    accept_lens: torch.Tensor
+    judged: torch.Tensor
+    target_choice: torch.Tensor | None
 
 
 class DominoWorker(BaseSpecWorker):
@@ -116,9 +142,7 @@ class DominoWorker(BaseSpecWorker):
 
         # The draft config names SGLang's DFlashDraftModel; in this (scheduler) process, and only
         # when DOMINO was chosen, that architecture resolves to our drafter class.
-        from sglang.srt.models.registry import ModelRegistry
-
-        ModelRegistry.models[ARCHITECTURE] = sglang_draft_model_class()
+        register_draft_architecture(ARCHITECTURE, sglang_draft_model_class())
         bundle = build_draft_tp_worker(
             server_args=server_args, gpu_id=gpu_id, nccl_port=nccl_port,
             target_model_config=target_cfg, algo_label="DOMINO",
@@ -156,27 +180,26 @@ class DominoWorker(BaseSpecWorker):
         # or on the device (pointer.copy_index_on_device: CUDA by default)
         on_device = gate is not None and copy_index_on_device(self.device, opts.copy_index)
         self.device_histories = DeviceHistories(self.device) if on_device else None
-        self.round_copied: torch.Tensor | None = None  # set by propose (metrics)
         if self.head.vocab is not None:
             logger.info("DOMINO draft vocabulary: %d of %d tokens (%s)",
                         len(self.head.vocab), conf.vocab_size, conf.path)
         self._block_offsets = torch.arange(self.block_size, device=self.device)
-        self._warned: set[str] = set()
         self.metrics = DominoMetrics.for_scheduler(self.block_size, self.device)
         profile, cost = cost_model(torch.device(self.device).type,
                                    str(self.model_runner.dtype), override=opts.cost,
                                    short_draft=self.short_draft)
         self.policy = SpeculationPolicy.from_config(opts, cost)  # adaptive off: fixed block
         self._plain_decode: bool | None = None  # see plain_decode_forward
-        # (bs, L, start) of the last decode round, timed at the next one's start (calibration)
-        # + kind, mean committed length and its clock (draft / verify marks), logged (debug)
-        # by time_last_round
-        self._last_round: tuple[int, int, float, str, int, object] | None = None
-        self._logged_scale = (1.0, 0.0)  # (k, time) last logged
+        # the round's stages besides the worker's own: the plan (L, copies; planner.py) and what
+        # the round teaches the metrics and the policy (observer.py)
+        self.planner = RoundPlanner(
+            self.policy, self.block_size, self.device,
+            PromptLookup(self.block_size, conf.mask_token_id, self.device) if self.lookup
+            else None)
+        self.observer = RoundObserver(self.metrics, self.policy)
         # plain rounds' draft-context writes, batched until a draft pass needs them (context.py)
         self.context = DeferredContext(self.write_draft_context)
         self.sync_log = opts.sync_log  # counted rounds (measurement, tests)
-        self.round_pointer = False  # whether this round's draft used the pointer copy path
         logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s, "
                     "copy %s, draft pass %s, prompt lookup %s, policy %s (cost profile %s: %s)",
                     self.block_size,
@@ -258,13 +281,12 @@ class DominoWorker(BaseSpecWorker):
         from domino_sglang.syncs import SyncCounter
 
         sampled = not bool((batch.sampling_info.top_ks <= 1).all())  # outside the count
-        self.round_pointer = False
         with SyncCounter() as counter:
             counter.host(batch.seq_lens_cpu)  # SGLang's host copy of the lengths
             out = self.decode_round(batch, on_publish, grammar_barrier)
-        bs, block, _, kind, _, _ = self._last_round
+        bs, block, kind = self.observer.last_round
         line = {"kind": kind, "bs": bs, "L": block, "sampled": sampled,
-                "pointer": self.round_pointer,
+                "pointer": self.observer.last_pointer,
                 "domino": counter.total("domino"), "sglang": counter.total("sglang"),
                 "by_kind": counter.by_kind("domino"),
                 "sites": {f"{k}@{site}": n for (o, k, site), n in counter.sites.items()
@@ -276,7 +298,7 @@ class DominoWorker(BaseSpecWorker):
     def prefill(self, batch, on_publish) -> GenerationBatchResult:
         """Target prefill with the drafter's target layers captured; their projected K/V go into
         the draft KV cache at the prompt tokens' slots (no draft forward over the prompt)."""
-        self._last_round = None  # the decode round before this prefill is not timed
+        self.observer.skip_timing()  # the decode round before this prefill is not timed
         self.context.flush()  # before any freed slot is reused or a cached prefix is read
         out = self._target_worker.forward_batch_generation(
             batch, capture_hidden_mode=CaptureHiddenMode.FULL)
@@ -300,7 +322,7 @@ class DominoWorker(BaseSpecWorker):
         """One round for every running request (bs of them, block size B):
 
           1. draft:   z = backbone([x_t, MASK x (W-1)] | context K/V)        one pass, all blocks
-                      (W = B; W = L for a drafter trained on short blocks, see propose)
+                      (W = B; W = L for a drafter trained on short blocks, see draft)
                       a request whose last n >= 2 tokens recur in its own history drafts
                       d_1.. = what followed them there instead (lookup.py); no pass if all do
           2. refine:  d_1 = argmax base_0; d_{i+1} = argmax(base_i + head(z_i, GRU(x_t, d_1..d_i)))
@@ -314,157 +336,35 @@ class DominoWorker(BaseSpecWorker):
           5. commit:  seq_len += a + 1; the target features of the committed tokens enter the
                       draft KV cache, so the next block sees them as context (a plain round's
                       are held and written in one batch before the next draft pass)
-        The adaptive policy (policy.py) verifies only the first L <= B chain tokens; L = 1 is a
-        plain decoding round (no draft pass; the target's DECODE forward over [x_t]).
+        The round verifies only the first L <= B chain tokens; L = 1 is a plain decoding round
+        (no draft pass; the target's DECODE forward over [x_t]). L, the copied rows and whether
+        the drafter runs are decided once, by the planner (planner.py: seeds, one-token rows,
+        the adaptive policy, prompt lookup), and handed on as a RoundPlan; the observer
+        (observer.py) then feeds the metrics, the policy's estimates and its cost calibration.
         """
-        draft_input = batch.spec_info
-        bs, seeds = len(batch.seq_lens), self.seeds(batch)
-        started = self.time_last_round()
-        # per row, not SamplingBatchInfo.is_all_greedy: filter_batch never recomputes that flag;
-        # SGLang's own greedy test (top_k <= 1, what `top_ks` holds), read on the host
-        greedy_host = [r.sampling_params.top_k <= 1 for r in batch.reqs]
-        sampled = not all(greedy_host)
-        capped_host = self.one_token_flags(batch)  # [bs] bool: commit one token this round
-        capped = (None if capped_host is None  # the one host-to-device copy, only if any
-                  else torch.tensor(capped_host, device=self.device))
-        all_capped = capped_host is not None and all(capped_host)
-        # L, the chain length verified this round. A seeded sampled request's realised tokens
-        # depend on L (coins vs. plain draws), so batches holding one verify the full block.
-        # Speculation only costs a batch whose every request is capped: the adaptive policy
-        # runs it as plain rounds.
-        pinned = any(s is not None and not g for s, g in zip(seeds, greedy_host))
-        committed = 0
-        if self.policy.cycles:  # a test pattern: needs the first request's length on the host
-            if batch.seq_lens_cpu is not None:  # SGLang's host copy: no synchronisation
-                committed = int(batch.seq_lens_cpu[0])
-            else:  # committed = prompt + output without x_t (not yet in the KV cache)
-                req = batch.reqs[0]
-                committed = len(req.origin_input_ids) + len(req.output_ids) - 1
-        if pinned:
-            block = self.block_size
-        elif self.policy.enabled and all_capped:
-            block = 1
-        else:
-            block = self.policy.draft_len(bs, committed)
-        clock = self.metrics.clock()
-        # Prompt lookup (lookup.py): rows whose last tokens recur in their own history draft by
-        # copying. A round where every row copies (or is capped) runs no draft pass, and the
-        # policy sizes it for copies (policy.lookup_len; a seeded batch keeps the full block);
-        # one that mixes copies with the drafter's rows drafts at the drafter's L, if any.
-        looked = None  # [bs] bool: rows drafted by copying (looked_host: the same on the host)
-        tried = self.lookup and not all_capped and (
-            block > 1 or (self.policy.may_copy_instead()
-                          and self.plain_round_may_copy(batch, capped_host)))
-        if tried:
-            looked_host, looked, copies, longest = self.lookup_drafts(
-                batch, draft_input.bonus_tokens, capped_host)
-        copy_only = looked is not None and all(
-            lk or cp for lk, cp in zip(looked_host, capped_host or [False] * bs))
-        if copy_only and not pinned and self.policy.pinned is None:
-            copy_len = self.policy.lookup_len(bs, longest)
-            if copy_len > 1:
-                block = copy_len
-            else:  # copies do not pay: the round the policy chose (the drafter's, or plain)
-                looked, copy_only = None, False
-        if looked is not None and block == 1:  # plain decoding after all
-            looked, copy_only = None, False
-        draft_pass = not copy_only
-        self.record_fallbacks(bs, block, capped_host)
+        started, clock = self.observer.start_round()
+        plan = self.planner.plan(batch)  # L, the copied rows, draft pass or not (planner.py)
+        bs, block, prefix_lens = len(batch.reqs), plan.length, batch.seq_lens  # x_t not counted
+        self.observer.record_fallbacks(bs, block, plan.capped_host)
         self.context.before_round(tuple(r.rid for r in batch.reqs), speculative=block > 1)
-        prefix_lens = batch.seq_lens  # committed tokens (x_t, the bonus, is not among them)
-        chain = torch.full((bs, self.block_size), self.conf.mask_token_id, dtype=torch.int64,
-                           device=self.device)
-        chain[:, 0] = draft_input.bonus_tokens
-        positions = prefix_lens[:, None] + self._block_offsets  # [bs, B]
-        slots = self.block_slots(batch, prefix_lens, self.block_size if block > 1 else 1)
-        slots = slots.view(bs, -1)  # [bs, B] ([bs, 1] in a plain round)
-
+        chain, positions, slots = self.open_chain(batch, plan, prefix_lens)
         rows = u = None
-        if sampled:
-            rows = SamplingRows.from_sampling_info(batch.sampling_info, seeds)
+        if plan.sampled:  # each request's sampling transform and this round's coins
+            rows = SamplingRows.from_sampling_info(batch.sampling_info, plan.seeds)
             u = RoundUniforms.for_round(rows.seed, prefix_lens, block)
-        # q [bs, L-1, V] (sampled: the distributions the drafts were drawn from), or the
-        # backbone's own argmax picks (greedy: head metrics); None for L = 1 or no draft pass
-        drafted = (self.propose(batch, chain, positions, slots, block, rows, u) if draft_pass
-                   else None)
-        if looked is not None:  # copied rows: [x_t, copy, MASK..]; sampled: q = one-hot
-            chain[:, 1:] = torch.where(looked[:, None], copies, chain[:, 1:])
-            if sampled:
-                drafted = one_hot_proposal(chain[:, 1:block], looked, drafted,
-                                           self.head.vocab_size)
+        proposal = self.propose(batch, plan, chain, positions, slots, rows, u)  # 1-2
         chain, positions = chain[:, :block].contiguous(), positions[:, :block].reshape(-1)
         slots = slots[:, :block].reshape(-1)
         clock.mark()  # drafted
-        grammar = GrammarTree.from_linear_chain(chain) if batch.has_grammar else None
-        if block == 1 and self.plain_decode_forward:
-            logits_output, hidden = self.decode_forward(batch, chain, slots)
-        else:
-            logits_output, hidden = self.verify_forward(batch, chain, positions, slots)
-        logits = self.target_logits(batch, logits_output, grammar, grammar_barrier)  # [bs,L,V]
-        if sampled:
-            q = drafted if block > 1 else logits.new_zeros(bs, 0, logits.shape[-1])
-            tokens, accept_lens = verify_mixed(chain, logits, q, rows, u)
-        else:
-            target_choice = argmax(logits)  # [bs, L] (cpu/argmax.py: torch.argmax, faster)
-            tokens, accept_lens = verify_greedy(chain, target_choice)
-        uncapped = accept_lens  # the verifier's verdict, what the policy learns from
-        if capped is not None:
-            accept_lens = torch.where(capped, torch.ones_like(accept_lens), accept_lens)
+        logits_output, hidden, logits = self.verify(batch, plan, chain, positions, slots,
+                                                    grammar_barrier)  # 3
+        verdict = self.accept(plan, chain, logits, proposal, rows, u)  # 4
         clock.mark()  # verified
-
-        if batch.return_logprob:  # logprobs of chain row b*B + j for committed token (b, j)
-            compute_spec_logprobs(batch, logits_output, tokens.reshape(-1), chain_stride=block)
-        new_seq_lens = prefix_lens + accept_lens.to(prefix_lens.dtype)
-        if on_publish is not None:
-            on_publish(new_seq_lens)
-        # Features of every chain position are written; only the accepted ones (< new_seq_len)
-        # are ever read, the rest are overwritten by the next block at the same slots. A plain
-        # round's wait for the next draft pass (context.py).
-        if block == 1:
-            self.context.defer(hidden, positions, slots)
-        else:
-            self.write_draft_context(hidden, positions, slots)
-        logits_output.hidden_states = None
+        new_seq_lens = self.commit(batch, plan, prefix_lens, verdict, logits_output, hidden,
+                                   positions, slots, on_publish)  # 5
+        self.observer.record(batch, plan, proposal, chain, verdict, started, clock)
+        tokens, accept_lens = verdict.tokens, verdict.accept_lens
         bonus = tokens.gather(1, (accept_lens - 1)[:, None]).squeeze(1)
-        # The round's one read-back (device to host): the policy's accept lengths and the
-        # metrics' counts, in one vector; none in a plain round without policy statistics.
-        observe = self.policy.enabled and block > 1  # the policy learns from drafted rounds
-        readback = [uncapped.to(torch.int64)] if observe else []  # [bs]
-        outcomes = copies = None
-        if self.metrics.enabled:  # the head's changes and copies, on the rows it drafted
-            if not sampled and drafted is not None:
-                d = None if looked is None else ~looked
-                outcomes = head_change_outcomes(chain[:, 1:], drafted, target_choice,
-                                                accept_lens, self.round_copied, d)
-                if self.round_copied is not None:
-                    copies = draft_outcomes(self.round_copied, chain[:, 1:], target_choice,
-                                            accept_lens, d)
-            if block > 1 or looked is not None:
-                readback.append(self.metrics.round_stats(accept_lens, block, outcomes, copies,
-                                                         looked))
-        host = torch.cat(readback).tolist() if readback else []  # the one sync
-        if self.metrics.enabled:  # plain round: no stats (nothing drafted), none read
-            stats = host[bs:] if observe else host
-            self.metrics.record_round(accept_lens, block, clock, outcomes, copies, looked,
-                                      stats=stats if block > 1 or looked is not None else None)
-        if observe:  # capped rows gain nothing from L: they do not vote
-            lens_host = host[:bs]
-            voters = [not c for c in capped_host] if capped_host is not None else [True] * bs
-            if looked is not None:  # copies and drafts have an alpha each
-                self.policy.observe_lookup(
-                    [a for a, lk in zip(lens_host, looked_host) if lk], block)
-                voters = [v and not lk for v, lk in zip(voters, looked_host)]
-            if draft_pass:
-                self.policy.observe([a for a, v in zip(lens_host, voters) if v], block)
-        # the cost profile prices rounds with a draft pass (or plain ones): copy-only rounds are
-        # logged (debug) but not timed
-        kind = ("copy" if not draft_pass else "plain" if block == 1
-                else "draft" if looked is None else "mixed")
-        self.metrics.record_kind(kind)
-        kind += "+lookup" if tried else ""
-        context = (int(batch.seq_lens_cpu.sum()) // bs if batch.seq_lens_cpu is not None
-                   else -1)  # mean committed length (debug log), from the host copy only
-        self._last_round = (bs, block, started, kind, context, clock)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=tokens.reshape(-1),
@@ -475,35 +375,104 @@ class DominoWorker(BaseSpecWorker):
             new_seq_lens=new_seq_lens,
         )
 
-    def propose(self, batch, chain, positions, slots, block: int, rows, u):
-        """Fill chain[:, 1:L] with drafts: one backbone pass over the block, then the head rolls
-        out L-1 tokens, greedily or (rows given) sampled from q. Returns q [bs, L-1, V]
-        (sampled), the backbone's argmax picks [bs, L-1] (greedy), None (L = 1).
+    # ---- the stages of the round ----
+    def open_chain(self, batch, plan: RoundPlan, prefix_lens: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The round's chain [bs, B] = [x_t, MASK x (B-1)], its positions [bs, B] and KV slots
+        [bs, B] ([bs, 1] in a plain round: x_t's only)."""
+        bs = len(batch.reqs)
+        chain = torch.full((bs, self.block_size), self.conf.mask_token_id, dtype=torch.int64,
+                           device=self.device)
+        chain[:, 0] = batch.spec_info.bonus_tokens
+        positions = prefix_lens[:, None] + self._block_offsets  # [bs, B]
+        slots = self.block_slots(batch, prefix_lens, self.block_size if plan.length > 1 else 1)
+        return chain, positions, slots.view(bs, -1)
+
+    def propose(self, batch, plan: RoundPlan, chain, positions, slots, rows, u) -> Proposal:
+        """1-2. Fill chain[:, 1:L]: the drafter's rows by its draft pass (`draft`, when the plan
+        has one), then the copied rows' prompt-lookup drafts over them: [x_t, copy, MASK..].
+        A sampled round's copied rows are proposed with q = one-hot (verify.one_hot_proposal)."""
+        proposal = (self.draft(batch, chain, positions, slots, plan.length, rows, u)
+                    if plan.draft_pass else Proposal())
+        if plan.copies is not None:
+            chain[:, 1:] = torch.where(plan.copied[:, None], plan.copies.drafts, chain[:, 1:])
+            if plan.sampled:
+                q = one_hot_proposal(chain[:, 1:plan.length], plan.copied, proposal.drafts,
+                                     self.head.vocab_size)
+                proposal = dataclasses.replace(proposal, drafts=q)
+        return proposal
+
+    def verify(self, batch, plan: RoundPlan, chain, positions, slots, grammar_barrier):
+        """3. The target's forward over the chain [bs, L]: (its output, the drafter's target-layer
+        features, the verify logits [bs, L, V] processed as plain decoding's). A plain round runs
+        the target's own DECODE forward where it can (plain_decode_forward)."""
+        grammar = GrammarTree.from_linear_chain(chain) if batch.has_grammar else None
+        if plan.length == 1 and self.plain_decode_forward:
+            logits_output, hidden = self.decode_forward(batch, chain, slots)
+        else:
+            logits_output, hidden = self.verify_forward(batch, chain, positions, slots)
+        logits = self.target_logits(batch, logits_output, grammar, grammar_barrier)  # [bs,L,V]
+        return logits_output, hidden, logits
+
+    def accept(self, plan: RoundPlan, chain, logits, proposal: Proposal, rows, u) -> Verdict:
+        """4. Greedy: the longest matching prefix; sampled: exact rejection sampling against q
+        (verify.py). One-token rows then commit their first token only."""
+        target_choice = None
+        if plan.sampled:
+            q = (proposal.drafts if plan.length > 1
+                 else logits.new_zeros(logits.shape[0], 0, logits.shape[-1]))
+            tokens, accept_lens = verify_mixed(chain, logits, q, rows, u)
+        else:
+            target_choice = argmax(logits)  # [bs, L] (cpu/argmax.py: torch.argmax, faster)
+            tokens, accept_lens = verify_greedy(chain, target_choice)
+        judged = accept_lens  # the verifier's verdict, what the policy learns from
+        if plan.capped is not None:
+            accept_lens = torch.where(plan.capped, torch.ones_like(accept_lens), accept_lens)
+        return Verdict(tokens, accept_lens, judged, target_choice)
+
+    def commit(self, batch, plan: RoundPlan, prefix_lens, verdict: Verdict, logits_output,
+               hidden, positions, slots, on_publish) -> torch.Tensor:
+        """5. The new lengths [bs] (published), the committed tokens' logprobs and the chain's
+        target features into the draft KV cache. Features of every chain position are written;
+        only the accepted ones (< new_seq_len) are ever read, the rest are overwritten by the
+        next block at the same slots. A plain round's wait for the next draft pass (context.py)."""
+        if batch.return_logprob:  # logprobs of chain row b*L + j for committed token (b, j)
+            compute_spec_logprobs(batch, logits_output, verdict.tokens.reshape(-1),
+                                  chain_stride=plan.length)
+        new_seq_lens = prefix_lens + verdict.accept_lens.to(prefix_lens.dtype)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        if plan.length == 1:
+            self.context.defer(hidden, positions, slots)
+        else:
+            self.write_draft_context(hidden, positions, slots)
+        logits_output.hidden_states = None
+        return new_seq_lens
+
+    def draft(self, batch, chain, positions, slots, block: int, rows, u) -> Proposal:
+        """The drafter's proposal: fill chain[:, 1:L] (L = block >= 2) with one backbone pass
+        over the block, then the head rolling out L-1 tokens, greedily or (rows given) sampled
+        from q; a pointer drafter mixes in its copy path (pointer_copy). Proposal.drafts: q
+        [bs, L-1, V] (sampled) or the backbone's argmax picks [bs, L-1] (greedy, metrics).
         The pass drafts the whole [bs, B] block, or with `short_draft` (a drafter trained on
         short blocks) only the L tokens verified: [x_t, MASK x (L-1)], a cheaper pass."""
-        self.round_copied = None  # [bs, L-1] bool: greedy positions the copy drafted (metrics)
-        self.round_pointer = False
-        if block == 1:  # plain decoding round: no draft pass
-            return None
         width = block if self.short_draft else self.block_size  # W, the tokens drafted
         z = self.draft_block(batch, chain[:, :width], positions[:, :width].reshape(-1),
                              slots[:, :width].reshape(-1))  # [bs, W, H]
         z = z[:, :block]  # [bs, L, H]: the head at position i reads z_i only
         copy = (self.pointer_copy(batch, chain[:, 0], block - 1) if self.copy_gate is not None
                 else None)
-        self.round_pointer = copy is not None
         if rows is not None:
             chain[:, 1:block], q = sampled_rollout(
                 z, chain[:, 0], self.head, rows, u.draft, self.candidate_pool,
                 use_head=self.use_head, logit_bias=batch.sampling_info.logit_bias,
                 temperature_scale=self.draft_temperature_scale, copy=copy)
-            return q
+            return Proposal(q, None, copy is not None)
         chain[:, 1:block], base_pick = greedy_rollout(
             z, chain[:, 0], self.head, self.candidate_pool, use_head=self.use_head,
             return_base_pick=True, copy=copy)
-        if copy is not None:
-            self.round_copied = copy.copied()
-        return base_pick
+        return Proposal(base_pick, None if copy is None else copy.copied(), copy is not None)
+
 
     def pointer_copy(self, batch, bonus: torch.Tensor, n: int) -> PointerCopy:
         """A pointer drafter's copy path for this round (pointer.py) over n positions: each
@@ -530,105 +499,6 @@ class DominoWorker(BaseSpecWorker):
         self.copy_indexes = {r.rid: ix for r, ix in zip(batch.reqs, indexes)}
         return PointerCopy(self.copy_gate, indexes, bonus.device)
 
-    def lookup_drafts(self, batch, bonus: torch.Tensor, capped: list[bool] | None
-                      ) -> tuple[list[bool] | None, torch.Tensor | None, torch.Tensor | None,
-                                 int]:
-        """Prompt-lookup drafts (lookup.py) from each request's prompt + output so far: (rows
-        [bs] that have one, on the host and on the device; drafts [bs, B-1] padded with the mask
-        token; the longest draft's length), or (None, None, None, 0) when no request has one.
-        Capped requests take none. The lookup runs on the host lists; its result reaches the
-        device in one copy. A request whose recorded output does not end in its bonus token
-        x_t (it would: the scheduler runs rounds synchronously) takes none either: checked on
-        the device, where x_t is (its row drafts the mask token then, still exact)."""
-        n, mask = self.block_size - 1, self.conf.mask_token_id
-        skip = capped or [False] * len(batch.reqs)
-        rows, histories = [], []
-        for i, req in enumerate(batch.reqs):
-            history = req.origin_input_ids + req.output_ids
-            if not skip[i] and history:
-                rows.append(i)
-                histories.append(torch.tensor(history, dtype=torch.int64))
-        if not rows:
-            return None, None, None, 0
-        copies, lens = lookup_batch(histories, n)  # [m, B-1] (-1 padded), [m]
-        if not bool((lens > 0).any()):
-            return None, None, None, 0
-        # [bs, B + 1]: drafts, found, the history's last token (host, then one copy)
-        packed = torch.full((len(batch.reqs), n + 2), mask, dtype=torch.int64)
-        index = torch.tensor(rows)
-        packed[index, :n] = torch.where(copies >= 0, copies, mask)
-        packed[:, n] = 0
-        packed[index, n] = (lens > 0).long()
-        packed[index, n + 1] = torch.stack([h[-1] for h in histories])
-        found_host = (packed[:, n] > 0).tolist()
-        dev = packed.to(self.device)
-        found = (dev[:, n] > 0) & (dev[:, n + 1] == bonus)
-        return found_host, found, dev[:, :n], int(lens.max())
-
-    def plain_round_may_copy(self, batch, capped: list[bool] | None) -> bool:
-        """Whether a round the policy made plain could verify copies instead: only as a
-        copy-only round (every uncapped request has a copy) whose copies pay at this batch size
-        even at their longest (policy.lookup_len). Both are asked on the host first, request by
-        request until one has no recurring suffix (lookup.has_recurring_suffix), so a plain
-        round under load does not pay for a batched lookup (1.4 ms at bs 32 on the CPU, ~0.7 %
-        of the round) whose copies it could not use. Exact for the tokens and the policy's
-        statistics (the rounds are the same); the plain rounds' measured times shrink by the
-        lookup they skip. Assumes lookup_drafts matches with lookup.py's default MIN_MATCH."""
-        if self.policy.lookup_len(len(batch.reqs), self.block_size - 1) <= 1:
-            return False
-        skip = [False] * len(batch.reqs) if capped is None else capped
-        return all(s or has_recurring_suffix(r.origin_input_ids + r.output_ids)
-                   for s, r in zip(skip, batch.reqs))
-
-    def time_last_round(self) -> float:
-        """Now; and the previous decode round's cost, start to start, to the policy's cost
-        calibration (policy.py). The scheduler runs rounds synchronously (no overlap), so
-        on any device this wall time is what the round cost, its output processing included."""
-        now = time.perf_counter()
-        if self._last_round is not None:
-            bs, block, started, kind, context, clock = self._last_round
-            if logger.isEnabledFor(logging.DEBUG):  # `-- --log-level debug`
-                calibration = self.policy.calibration
-                # draft: lookup + draft pass + head; verify: target forward + acceptance
-                # (CUDA events the device has not reached yet read as 0: never synchronised on)
-                spans = (clock.spans() if isinstance(clock, RoundClock) else None) or [0.0, 0.0]
-                logger.debug("DOMINO round %s bs %d L %d context %d %.2f ms (draft %.2f verify "
-                             "%.2f) k %.2f alpha %.2f", kind, bs, block, context,
-                             1e3 * (now - started), 1e3 * spans[0], 1e3 * spans[1],
-                             calibration.scale(bs) if calibration else 1.0, self.policy.stats.alpha)
-            if not kind.startswith("copy"):
-                self.policy.observe_time(bs, block, now - started)
-                self.report_cost_scale(bs, now)
-        return now
-
-    def report_cost_scale(self, bs: int, now: float) -> None:
-        """Export the learned costs at the batch size of the round just timed, once that batch
-        size has learned from rounds of its own (costs.py); log them when k moved by 10 % (at
-        most once a minute)."""
-        calibration = self.policy.calibration
-        if calibration is None or not self.policy.enabled or not calibration.knows(bs):
-            return
-        k = calibration.scale(bs)
-        draft, per_token, _ = calibration.learned(bs)
-        self.metrics.record_cost_scale(k, draft, per_token)
-        logged, at = self._logged_scale
-        if abs(k - logged) > 0.1 * logged and now - at > 60.0:
-            self._logged_scale = (k, now)
-            logger.info("DOMINO learned costs at bs %d: a speculative round costs 1 + %.3f + "
-                        "%.3f (L - 1) plain rounds, %.2fx the prior's overhead at L = 2 (%d "
-                        "rounds timed)", bs, draft, per_token, k, calibration.rounds)
-
-    def record_fallbacks(self, bs: int, block: int, capped: list[bool] | None) -> None:
-        """Request-rounds decoded without speculation, by reason: `one_token_requests` (capped
-        rows [bs] on the host, whatever L), `adaptive_policy` (the others, when the policy chose
-        L = 1)."""
-        if not self.metrics.enabled:
-            return
-        n_capped = 0 if capped is None else sum(map(bool, capped))
-        self.metrics.record_fallback("one_token_requests", n_capped)
-        if block == 1 and self.policy.enabled:
-            self.metrics.record_fallback("adaptive_policy", bs - n_capped)
-
     # ---- sampling-time logit processing (what SGLang's sampler applies for plain decoding) ----
     def target_logits(self, batch, logits_output, grammar, grammar_barrier) -> torch.Tensor:
         """The verify logits [bs, B, V], processed in place in plain decoding's order
@@ -640,7 +510,7 @@ class DominoWorker(BaseSpecWorker):
         themselves are not masked (that would need the host grammar per token); exactness does
         not need it. `grammar_barrier` advances the previous round's FSMs first.
         Penalties and history-reading processors are exact at chain index 0 only, which is all
-        their requests commit (one_token_rows)."""
+        their requests commit (planner.one_token_flags)."""
         info, flat = batch.sampling_info, logits_output.next_token_logits  # [bs*L, V]
         block = flat.shape[0] // len(batch.seq_lens)  # L
         mask = None
@@ -663,38 +533,6 @@ class DominoWorker(BaseSpecWorker):
             apply_custom_logit_processor(flat, info, num_tokens_in_batch=block)
         sanitize_nan_logits(flat, "DOMINO: verify logits")
         return logits
-
-    def one_token_rows(self, batch) -> torch.Tensor | None:
-        """one_token_flags as a [bs] bool device tensor (None when there are none)."""
-        flags = self.one_token_flags(batch)
-        return None if flags is None else torch.tensor(flags, device=self.device)
-
-    def one_token_flags(self, batch) -> list[bool] | None:
-        """[bs] bool on the host: requests that commit one token per round (the accepted draft
-        or recovered token at chain index 0), or None when there are none. These are the
-        requests whose logits depend on their own output so far: frequency / presence /
-        repetition penalties, min_new_tokens, and custom logit processors (they read the
-        request's output_ids through `custom_params["__req__"]`) other than SGLang's
-        history-free disallowed-tokens one.
-
-        Their state is per request, not per chain position: chain index k > 0 would need it
-        after d_1..d_k. Committing exactly one token per round, fed back at the next round's
-        start (algorithm.cumulate_penalties for the penalizers, as plain decoding's
-        prepare_for_decode does; the request's own output_ids for the processors), keeps these
-        requests exact; any accepted token is a valid sample of its position, so truncating
-        the accepted prefix is lossless."""
-        processors = batch.sampling_info.has_custom_logit_processor
-        flags = [_has_penalty(r.sampling_params)
-                 or (processors and _reads_history(r.custom_logit_processor))
-                 for r in batch.reqs]
-        if not any(flags):
-            return None
-        if "capped" not in self._warned:
-            self._warned.add("capped")
-            logger.info("DOMINO: requests with penalties, min_new_tokens or a history-reading "
-                        "custom logit processor commit one token per round (exact, no "
-                        "speculative speed-up)")
-        return flags
 
     @staticmethod
     def seeds(batch) -> list[int | None]:
@@ -742,8 +580,6 @@ class DominoWorker(BaseSpecWorker):
         req_to_token = self.model_runner.req_to_token_pool.req_to_token  # [R, pool_len] int32
         if width == 1:
             return req_to_token[batch.req_pool_indices, prefix_lens].to(torch.int64)
-        from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
-
         return assign_extend_cache_locs_func(
             req_pool_indices=batch.req_pool_indices, req_to_token=req_to_token,
             start_offset=prefix_lens, end_offset=prefix_lens + width,
@@ -777,19 +613,13 @@ class DominoWorker(BaseSpecWorker):
     def verify_forward(self, batch, chain, positions, slots):
         """Target TARGET_VERIFY forward over [x_t, d_1..d_{B-1}]: logits of every position and
         the drafter's target-layer features."""
-        from sglang.srt.speculative.dflash_info import DFlashVerifyInput
-
         verify_input = DFlashVerifyInput(
             draft_token=chain.reshape(-1), positions=positions, draft_token_num=chain.shape[1],
             custom_mask=None, capture_hidden_mode=CaptureHiddenMode.FULL,
         )
         batch.out_cache_loc = slots
-        saved = batch.seq_lens_cpu, batch.seq_lens_sum
-        if batch.seq_lens_cpu is not None:  # host bound = committed prefix + one block
-            batch.seq_lens_cpu = batch.seq_lens_cpu + chain.shape[1]
-            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-        forward_batch, _ = verify_input.prepare_for_verify(batch, self._target_worker)
-        batch.seq_lens_cpu, batch.seq_lens_sum = saved
+        with host_lens_grown(batch, chain.shape[1]):  # host bound = committed prefix + one block
+            forward_batch, _ = verify_input.prepare_for_verify(batch, self._target_worker)
         out = self._target_worker.forward_batch_generation(
             batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True)
         return out.logits_output, out.logits_output.hidden_states
@@ -799,23 +629,18 @@ class DominoWorker(BaseSpecWorker):
         built by SGLang from the schedule batch exactly as plain decoding builds it (seq_lens
         count x_t, positions = seq_lens - 1), with the drafter's target-layer features captured.
         The batch's round state is restored afterwards."""
-        saved = (batch.forward_mode, batch.input_ids, batch.out_cache_loc, batch.spec_info,
-                 batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum)
-        batch.forward_mode, batch.input_ids, batch.out_cache_loc = (
-            ForwardMode.DECODE, chain.reshape(-1), slots)
-        batch.spec_info = None
-        batch.seq_lens = batch.seq_lens + 1
-        if batch.seq_lens_cpu is not None:
-            batch.seq_lens_cpu = batch.seq_lens_cpu + 1
-            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-        else:
-            batch.seq_lens_sum = int(batch.seq_lens.sum())
-        try:
+        with batch_round_state(batch):
+            batch.forward_mode, batch.input_ids, batch.out_cache_loc = (
+                ForwardMode.DECODE, chain.reshape(-1), slots)
+            batch.spec_info = None
+            batch.seq_lens = batch.seq_lens + 1
+            if batch.seq_lens_cpu is not None:
+                batch.seq_lens_cpu = batch.seq_lens_cpu + 1
+                batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+            else:
+                batch.seq_lens_sum = int(batch.seq_lens.sum())
             out = self._target_worker.forward_batch_generation(
                 batch, is_verify=True, capture_hidden_mode=CaptureHiddenMode.FULL)
-        finally:
-            (batch.forward_mode, batch.input_ids, batch.out_cache_loc, batch.spec_info,
-             batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum) = saved
         return out.logits_output, out.logits_output.hidden_states
 
     def write_draft_context(self, target_hidden: torch.Tensor, positions: torch.Tensor,
@@ -826,15 +651,3 @@ class DominoWorker(BaseSpecWorker):
             kvs = self.draft_model.drafter.context_kv(target_hidden, positions)
             for attn, (k, v) in zip(self.draft_model.attn, kvs):
                 pool.set_kv_buffer(attn, KVWriteLoc(slots, physical=True), k, v)
-
-
-def _reads_history(processor: str | None) -> bool:
-    """Whether a request's serialized custom logit processor may read its output so far:
-    any but SGLang's DisallowedTokensLogitsProcessor (`supports_sampling_mask`: a fixed ban)."""
-    return bool(processor) and not supports_sampling_mask(processor)
-
-
-def _has_penalty(params) -> bool:
-    """A request whose logits depend on its own output so far (SGLang's penalizers)."""
-    return (params.frequency_penalty != 0 or params.presence_penalty != 0
-            or params.repetition_penalty != 1 or params.min_new_tokens > 0)

@@ -93,3 +93,14 @@ def test_lookup_on_a_repetition():
     assert lookup_draft(torch.tensor([5]), 4).tolist() == []
     assert lookup_draft(torch.tensor([1, 1, 1, 1]), 0).tolist() == []
 
+
+def test_host_lookup_costs_no_host_device_sync():
+    """lookup_batch runs on the requests' host lists: none of its ops is a host-device transfer
+    or synchronisation (syncs.py, the budget of tests/test_sync_budget.py)."""
+    from domino_sglang.syncs import SyncCounter
+
+    histories = [torch.tensor([7, 8, 9, 7, 8, 9, 7, 8]), torch.tensor([1, 2, 3, 1, 2])]
+    with SyncCounter() as counter:
+        drafts, lengths = lookup_batch(histories, 5)
+    assert drafts.tolist() == [[9, 7, 8, -1, -1], [3, 1, 2, -1, -1]] and lengths.tolist() == [3, 3]
+    assert counter.total("domino") == 0

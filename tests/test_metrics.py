@@ -111,14 +111,12 @@ def test_record_round_counts():
 def test_fallback_reasons_per_request_round(capped, block, policy, expected):
     from types import SimpleNamespace
 
-    from domino_sglang.worker import DominoWorker
+    from domino_sglang.observer import RoundObserver
 
     reg = CollectorRegistry()
-    fake = SimpleNamespace(metrics=DominoMetrics({"model_name": "m"}, max_draft_len=16,
-                                                 registry=reg),
-                           policy=SimpleNamespace(enabled=policy))
-    DominoWorker.record_fallbacks(fake, 3, block,
-                                  None if capped is None else torch.tensor(capped))
+    observer = RoundObserver(DominoMetrics({"model_name": "m"}, max_draft_len=16, registry=reg),
+                             SimpleNamespace(enabled=policy))
+    observer.record_fallbacks(3, block, capped)
     got = tuple(value(reg, "domino_fallback_requests_total", reason=r)
                 for r in ("adaptive_policy", "one_token_requests"))
     assert got == expected

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # p
 import provenance  # noqa: E402
 from compare_drafters import DEFAULT_DATA, add_eval_args, eval_records, offline_drafter  # noqa: E402
 
+from domino_sglang.copyrule import copy_candidate as _copy_candidate  # noqa: E402
 from domino_sglang.pointer import copy_table, copy_wins, gate_inputs, log_gate  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -51,20 +52,10 @@ N_CLASSES = 6  # match lengths 1..5, 6+ as gate features
 
 
 def copy_candidate(h: list[int]) -> tuple[int, int]:
-    """The rule pointer.copy_table computes for every prefix at once, as a direct scan (its
-    reference in the tests): (token, match length) after the most recent occurrence of the
-    longest suffix (<= MAX_MATCH) of h ending before h's last token; (-1, 0) when h's last
-    token never occurred before."""
-    best_n, best_s = 0, -1
-    for s in range(len(h) - 2, -1, -1):
-        if h[s] != h[-1]:
-            continue
-        n = 1
-        while n < MAX_MATCH and s - n >= 0 and h[s - n] == h[-1 - n]:
-            n += 1
-        if n > best_n:
-            best_n, best_s = n, s
-    return (h[best_s + 1], best_n) if best_s >= 0 else (-1, 0)
+    """The rule pointer.copy_table computes for every prefix at once (domino_sglang.copyrule):
+    (token, match length) after the most recent occurrence of the longest suffix (<= MAX_MATCH)
+    of h ending before h's last token; (-1, 0) when h's last token never occurred before."""
+    return _copy_candidate(h, MAX_MATCH)
 
 
 @torch.no_grad()

@@ -1,0 +1,214 @@
+"""Every private SGLang internal the DOMINO worker and algorithm touch, in one place.
+
+Written against sglang==0.5.23 (`SGLANG_VERSION`); tests/test_sglang_compat.py pins that version
+and checks that every name, dataclass field, keyword argument and hook target listed in
+`TOUCHPOINTS` still exists, so an SGLang upgrade fails there, naming what moved, rather than in
+a running server. Nothing here is DOMINO logic: names re-exported as SGLang spells them, the
+ScheduleBatch round-state save / restore the worker needs to borrow SGLang's own forward
+builders, and the registration calls (speculative registry, hooks, model registry).
+
+Imported at the top: the modules the worker needs, all already loaded by any SGLang process
+(importing this module costs ~20 ms there). Lazy (inside functions): the model registry (its
+import scans every model file) and the algorithm's registration pieces (algorithm.py is also
+imported by the CLI, without a server).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+from sglang.srt.layers.sampler import apply_custom_logit_processor
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
+from sglang.srt.runtime_context import get_spec
+from sglang.srt.sampling.custom_logit_processor import supports_sampling_mask
+from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+from sglang.srt.speculative.draft_worker_common import (
+    build_draft_tp_worker,
+    make_draft_block_spec_info,
+    make_draft_input_v2,
+)
+from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
+from sglang.srt.utils.async_probe import sanitize_nan_logits
+from sglang.srt.utils.common import get_bool_env_var
+
+SGLANG_VERSION = "0.5.23"
+
+__all__ = [
+    "BaseSpecWorker", "CaptureHiddenMode", "DFlashVerifyInput", "ForwardBatch", "ForwardMode",
+    "GenerationBatchResult", "GrammarTree", "KVWriteLoc", "SGLANG_VERSION", "TOUCHPOINTS",
+    "apply_custom_logit_processor", "apply_scaling_penalties", "assign_extend_cache_locs_func",
+    "batch_round_state", "build_draft_tp_worker", "build_grammar_vocab_mask",
+    "compute_spec_logprobs", "get_bool_env_var", "get_spec", "host_lens_grown",
+    "make_draft_block_spec_info", "make_draft_input_v2", "register_draft_architecture",
+    "register_hooks", "register_spec_algorithm", "sanitize_nan_logits", "supports_sampling_mask",
+]
+
+# The ScheduleBatch fields a plain round (decode_forward) sets for SGLang's own DECODE forward
+# and restores afterwards: the scheduler's view of the round must not change.
+ROUND_FIELDS = ("forward_mode", "input_ids", "out_cache_loc", "spec_info", "seq_lens",
+                "seq_lens_cpu", "seq_lens_sum")
+
+# The hooks the algorithm registers: (target SGLang function, when) by role (algorithm.py).
+HOOKS = {
+    "clip_max_new_tokens": ("sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens",
+                            "AFTER"),
+    "cumulate_penalties": ("sglang.srt.speculative.spec_utils.spec_prepare_for_decode", "BEFORE"),
+    "refuse_unsupported_outputs": (
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "BEFORE"),
+}
+
+# What the worker and the algorithm read or write on SGLang objects, for the version test:
+#   "dataclass fields": {"module.Class": fields} (ScheduleBatch, ForwardBatch, ...);
+#   "keywords": {"module.callable": keyword arguments passed};
+#   "attributes": {"module.Class": attribute / method names};
+#   "init assigns": {"module.Class": attributes its __init__ sets (a Req has no field list)};
+#   "struct fields": {"module.Class": fields of a msgspec Struct}.
+TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
+    "dataclass fields": {
+        "sglang.srt.managers.schedule_batch.ScheduleBatch": ROUND_FIELDS + (
+            "reqs", "req_pool_indices", "sampling_info", "is_extend_in_batch", "prefix_lens",
+            "extend_lens", "return_logprob", "has_grammar", "spec_algorithm"),
+        "sglang.srt.model_executor.forward_batch_info.ForwardBatch": (
+            "forward_mode", "batch_size", "input_ids", "req_pool_indices", "seq_lens",
+            "out_cache_loc", "seq_lens_sum", "seq_lens_cpu", "positions", "input_embeds",
+            "spec_algorithm", "spec_info", "capture_hidden_mode"),
+        "sglang.srt.speculative.dflash_info.DFlashVerifyInput": (
+            "draft_token", "positions", "draft_token_num", "custom_mask", "capture_hidden_mode"),
+        "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo": (
+            "top_ks", "is_all_greedy", "acc_additive_penalties", "acc_scaling_penalties",
+            "logit_bias", "has_custom_logit_processor", "penalizer_orchestrator"),
+        "sglang.srt.managers.utils.GenerationBatchResult": (
+            "logits_output", "next_token_ids", "accept_lens", "can_run_cuda_graph",
+            "next_draft_input", "speculative_num_draft_tokens", "new_seq_lens"),
+    },
+    "keywords": {
+        "sglang.srt.speculative.draft_worker_common.build_draft_tp_worker": (
+            "server_args", "gpu_id", "nccl_port", "target_model_config", "algo_label"),
+        "sglang.srt.speculative.draft_worker_common.make_draft_input_v2": (
+            "bonus_tokens", "new_seq_lens"),
+        "sglang.srt.speculative.draft_worker_common.make_draft_block_spec_info": (
+            "draft_token_num", "device"),
+        "sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_func": (
+            "req_pool_indices", "req_to_token", "start_offset", "end_offset", "batch_size",
+            "draft_token_num", "device"),
+        "sglang.srt.layers.logprob_processor.compute_spec_logprobs": ("chain_stride",),
+        "sglang.srt.speculative.spec_utils.build_grammar_vocab_mask": (
+            "reqs", "tree", "sampling_info", "device", "barrier"),
+        "sglang.srt.layers.sampler.apply_custom_logit_processor": ("num_tokens_in_batch",),
+        "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation": (
+            "batch", "forward_batch", "is_verify", "skip_attn_backend_init",
+            "capture_hidden_mode"),
+        "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.register": (
+            "supports_overlap", "spec_class"),
+    },
+    "attributes": {
+        "sglang.srt.speculative.dflash_info.DFlashVerifyInput": ("prepare_for_verify",),
+        "sglang.srt.managers.schedule_batch.ScheduleBatch": (
+            "cumulate_penalty_output_tokens",),
+        "sglang.srt.model_executor.forward_batch_info.ForwardMode": ("DECODE", "TARGET_VERIFY"),
+        "sglang.srt.model_executor.forward_batch_info.CaptureHiddenMode": ("FULL", "NULL"),
+        "sglang.srt.speculative.spec_utils.GrammarTree": ("from_linear_chain",),
+        "sglang.srt.models.registry.ModelRegistry": ("models",),
+        "sglang.srt.plugins.hook_registry.HookRegistry": ("register",),
+        "sglang.srt.plugins.hook_registry.HookType": ("BEFORE", "AFTER"),
+        "sglang.srt.managers.schedule_batch": ("get_request_return_hidden_states_mode",),
+        "sglang.srt.managers.overlap_utils": ("FutureMap",),
+        "sglang.srt.speculative.spec_registry": ("CustomSpecAlgo", "get_spec"),
+        "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool": ("set_kv_buffer",),
+    },
+    "init assigns": {
+        "sglang.srt.managers.schedule_batch.Req": (
+            "rid", "origin_input_ids", "output_ids", "sampling_params", "custom_logit_processor"),
+    },
+    "struct fields": {
+        "sglang.srt.sampling.sampling_params.SamplingParams": (
+            "top_k", "sampling_seed", "frequency_penalty", "presence_penalty",
+            "repetition_penalty", "min_new_tokens", "max_new_tokens"),
+    },
+}
+
+
+@contextlib.contextmanager
+def batch_round_state(batch, fields: tuple[str, ...] = ROUND_FIELDS) -> Iterator[None]:
+    """Save the schedule batch's round fields and restore them on exit (also on error): the
+    worker sets them to borrow SGLang's own forward builders for one forward."""
+    saved = tuple(getattr(batch, f) for f in fields)
+    try:
+        yield
+    finally:
+        for name, value in zip(fields, saved):
+            setattr(batch, name, value)
+
+
+@contextlib.contextmanager
+def host_lens_grown(batch, width: int) -> Iterator[None]:
+    """The batch's host lengths (`seq_lens_cpu`, `seq_lens_sum`) raised by `width` tokens per
+    request while SGLang builds a verify batch (its host bound: committed prefix + one block),
+    restored after; nothing to do without a host copy."""
+    saved = batch.seq_lens_cpu, batch.seq_lens_sum
+    if batch.seq_lens_cpu is not None:
+        batch.seq_lens_cpu = batch.seq_lens_cpu + width
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+    try:
+        yield
+    finally:
+        batch.seq_lens_cpu, batch.seq_lens_sum = saved
+
+
+def register_draft_architecture(architecture: str, model_class: type) -> None:
+    """Resolve `architecture` (a draft config's `architectures[0]`) to `model_class` in this
+    process's model registry."""
+    from sglang.srt.models.registry import ModelRegistry
+
+    ModelRegistry.models[architecture] = model_class
+
+
+def custom_spec_algo_base() -> type:
+    """SGLang's base class of a plugin speculative algorithm's capabilities."""
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+    return CustomSpecAlgo
+
+
+def future_map(*args):
+    """SGLang's FutureMap (the scheduler's per-request futures), built from `args` as is."""
+    from sglang.srt.managers.overlap_utils import FutureMap
+
+    return FutureMap(*args)
+
+
+def register_spec_algorithm(name: str, spec_class: type, factory) -> None:
+    """Register a speculative algorithm (no overlap scheduling) unless one of that name is."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import get_spec as registered
+
+    if registered(name) is None:
+        SpeculativeAlgorithm.register(name, supports_overlap=False, spec_class=spec_class)(factory)
+
+
+def register_hooks(functions: dict) -> None:
+    """Register each function of `functions` (role -> callable, roles of HOOKS) on its target."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for role, fn in functions.items():
+        target, when = HOOKS[role]
+        HookRegistry.register(target, fn, getattr(HookType, when))
+
+
+def wants_hidden_states(return_hidden_states) -> bool:
+    """Whether a request's `return_hidden_states` value asks for hidden states (SGLang's own
+    reading of it)."""
+    from sglang.srt.managers.schedule_batch import get_request_return_hidden_states_mode
+
+    return get_request_return_hidden_states_mode(return_hidden_states) != CaptureHiddenMode.NULL

@@ -1,0 +1,144 @@
+"""The round planner (planner.py): the one place a round's draft length and copied rows are
+decided. Tiny fake batches (SGLang's Req / ScheduleBatch fields the planner reads), a stub policy
+whose choices the test sets."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from domino_sglang.lookup import PromptLookup
+from domino_sglang.planner import CycledLength, PolicyLength, RoundPlanner, draft_length_strategy
+from domino_sglang.policy import SpeculationPolicy
+
+B, MASK = 6, 99
+
+
+class StubPolicy:
+    """The policy interface the planner uses, with the answers fixed by the test."""
+
+    def __init__(self, length=4, copy_len=5, enabled=True, pinned=None, may_copy=True):
+        self.length, self.copy_len, self.enabled = length, copy_len, enabled
+        self.pinned, self.may_copy = pinned, may_copy
+        self.asked: list[tuple] = []
+
+    def draft_len(self, bs, committed=0):
+        self.asked.append(("draft_len", bs))
+        return self.length
+
+    def lookup_len(self, bs, longest):
+        self.asked.append(("lookup_len", bs, longest))
+        return min(self.copy_len, 1 + longest)
+
+    def may_copy_instead(self):
+        return self.may_copy
+
+
+def req(tokens, top_k=1, seed=None, penalty=0.0, rid="r"):
+    params = SimpleNamespace(top_k=top_k, sampling_seed=seed, frequency_penalty=penalty,
+                             presence_penalty=0.0, repetition_penalty=1.0, min_new_tokens=0)
+    return SimpleNamespace(rid=rid, origin_input_ids=list(tokens[:2]), output_ids=list(tokens[2:]),
+                           sampling_params=params, custom_logit_processor=None)
+
+
+def batch(*reqs):
+    bonus = torch.tensor([r.output_ids[-1] for r in reqs])  # x_t: the last output token
+    lens = torch.tensor([len(r.origin_input_ids) + len(r.output_ids) - 1 for r in reqs])
+    return SimpleNamespace(reqs=list(reqs), seq_lens_cpu=lens,
+                           spec_info=SimpleNamespace(bonus_tokens=bonus),
+                           sampling_info=SimpleNamespace(has_custom_logit_processor=False))
+
+
+NEW = [1, 2, 3, 4, 5]  # no recurring suffix: no copy
+REPEAT = [7, 8, 9, 7, 8, 9, 7, 8]  # "7 8" recurs: copies 9 7 8 (the first occurrence's run)
+
+
+def planner(policy, lookup=True):
+    return RoundPlanner(policy, B, "cpu", PromptLookup(B, MASK, "cpu") if lookup else None)
+
+
+def test_the_policy_decides_a_drafter_round():
+    plan = planner(StubPolicy(length=4)).plan(batch(req(NEW), req(NEW, rid="s")))
+    assert (plan.length, plan.draft_pass, plan.copies, plan.kind) == (4, True, None, "draft")
+    assert plan.looked_up and not plan.sampled and plan.capped is None
+
+
+def test_a_seeded_sampled_request_pins_the_full_block():
+    policy = StubPolicy(length=1)
+    plan = planner(policy).plan(batch(req(NEW, top_k=50, seed=3)))
+    assert (plan.length, plan.kind, plan.sampled, plan.seeds) == (B, "draft", True, [3])
+    assert ("draft_len", 1) not in policy.asked  # the policy is not asked at all
+    # a seed on a greedy request does not pin
+    assert planner(StubPolicy(length=1)).plan(batch(req(NEW, seed=3))).length == 1
+
+
+def test_all_capped_rows_decode_plainly_without_lookup():
+    plan = planner(StubPolicy(length=4)).plan(batch(req(REPEAT, penalty=0.5)))
+    assert (plan.length, plan.kind, plan.copies, plan.looked_up) == (1, "plain", None, False)
+    assert plan.capped_host == [True] and plan.capped.tolist() == [True]
+    # the policy off (fixed block): capped rows still verify the block, committing one token
+    assert planner(StubPolicy(length=B, enabled=False)).plan(
+        batch(req(REPEAT, penalty=0.5))).length == B
+
+
+def test_a_copy_only_round_is_sized_for_copies():
+    policy = StubPolicy(length=4, copy_len=3)
+    plan = planner(policy).plan(batch(req(REPEAT), req(REPEAT, rid="s")))
+    assert (plan.length, plan.draft_pass, plan.kind) == (3, False, "copy")
+    assert plan.copies.found_host == [True, True] and plan.copies.longest == 3
+    assert plan.copies.drafts[0, :3].tolist() == [9, 7, 8]
+    # copies that do not pay: the policy's drafter round, copies dropped
+    plan = planner(StubPolicy(length=4, copy_len=1)).plan(batch(req(REPEAT)))
+    assert (plan.length, plan.kind, plan.copies) == (4, "draft", None)
+
+
+def test_mixed_rounds_draft_at_the_drafters_length():
+    plan = planner(StubPolicy(length=4, copy_len=2)).plan(batch(req(REPEAT), req(NEW, rid="s")))
+    assert (plan.length, plan.draft_pass, plan.kind) == (4, True, "mixed")
+    assert plan.copied.tolist() == [True, False]
+
+
+def test_a_plain_round_may_verify_copies_instead():
+    plan = planner(StubPolicy(length=1, copy_len=4)).plan(batch(req(REPEAT)))
+    assert (plan.length, plan.kind) == (4, "copy")
+    # not when a request could not copy (no batched lookup is paid), nor on a calibration round
+    for policy, b in ((StubPolicy(length=1), batch(req(REPEAT), req(NEW, rid="s"))),
+                      (StubPolicy(length=1, may_copy=False), batch(req(REPEAT)))):
+        plan = planner(policy).plan(b)
+        assert (plan.length, plan.kind, plan.looked_up) == (1, "plain", False)
+
+
+def test_lookup_off_never_copies():
+    plan = planner(StubPolicy(length=4), lookup=False).plan(batch(req(REPEAT)))
+    assert (plan.length, plan.kind, plan.looked_up) == (4, "draft", False)
+
+
+def test_a_pinned_length_is_not_resized_for_copies():
+    policy = StubPolicy(length=4, copy_len=2, pinned=(4,))
+    plan = planner(policy).plan(batch(req(REPEAT)))
+    assert (plan.length, plan.kind) == (4, "copy")
+    assert not [a for a in policy.asked if a[0] == "lookup_len"]
+
+
+def test_cycled_pattern_is_a_strategy_chosen_at_construction(monkeypatch):
+    monkeypatch.setenv("DOMINO_DRAFT_LEN", "6,1")
+    strategy = draft_length_strategy(SpeculationPolicy.from_env(B))
+    assert isinstance(strategy, CycledLength)
+    b = batch(req(NEW))  # committed 4 (the host copy of the lengths): pattern[0]
+    assert strategy(b) == 6
+    b.seq_lens_cpu = None  # from the request: prompt + output without x_t = 4
+    assert strategy(b) == 6
+    b.reqs[0].output_ids.append(3)
+    assert strategy(b) == 1
+    monkeypatch.setenv("DOMINO_DRAFT_LEN", "3")
+    assert isinstance(draft_length_strategy(SpeculationPolicy.from_env(B)), PolicyLength)
+    plan = RoundPlanner(StubPolicy(length=4), B, "cpu", None, draft_len=CycledLength((2, 5)))
+    assert plan.plan(batch(req(NEW))).length == 2
+
+
+def test_the_plan_is_frozen():
+    plan = planner(StubPolicy()).plan(batch(req(NEW)))
+    with pytest.raises(AttributeError):
+        plan.length = 2

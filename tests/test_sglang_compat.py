@@ -1,0 +1,104 @@
+"""sglang_compat.py is the one place the plugin touches SGLang's private internals: pin the SGLang
+version it was written against and check that every touched name still exists there."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import inspect
+
+import pytest
+
+from domino_sglang import sglang_compat
+
+
+def _resolve(path: str):
+    """The object at a dotted path `module[.Class[.attr]]`: the longest importable module prefix,
+    then attributes."""
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(path)
+
+
+def test_pinned_sglang_version():
+    assert importlib.metadata.version("sglang") == sglang_compat.SGLANG_VERSION == "0.5.23", (
+        "sglang_compat.py was written against sglang 0.5.23: re-check TOUCHPOINTS and the "
+        "worker's round before moving the pin")
+
+
+@pytest.mark.parametrize("path,fields", sorted(
+    sglang_compat.TOUCHPOINTS["dataclass fields"].items()))
+def test_dataclass_fields_exist(path, fields):
+    cls = _resolve(path)
+    names = {f.name for f in dataclasses.fields(cls)}
+    assert not set(fields) - names, f"{path} lost fields {sorted(set(fields) - names)}"
+
+
+@pytest.mark.parametrize("path,keywords", sorted(sglang_compat.TOUCHPOINTS["keywords"].items()))
+def test_keyword_arguments_exist(path, keywords):
+    params = inspect.signature(_resolve(path)).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    missing = [k for k in keywords if k not in params]
+    assert takes_any or not missing, f"{path} no longer takes {missing}"
+
+
+@pytest.mark.parametrize("path,names", sorted(sglang_compat.TOUCHPOINTS["attributes"].items()))
+def test_attributes_exist(path, names):
+    obj = _resolve(path)
+    assert [n for n in names if not hasattr(obj, n)] == []
+
+
+@pytest.mark.parametrize("path,names", sorted(sglang_compat.TOUCHPOINTS["init assigns"].items()))
+def test_init_assigns_attributes(path, names):
+    source = inspect.getsource(_resolve(path).__init__)
+    assert [n for n in names if f"self.{n} =" not in source] == []
+
+
+@pytest.mark.parametrize("path,names", sorted(sglang_compat.TOUCHPOINTS["struct fields"].items()))
+def test_struct_fields_exist(path, names):
+    fields = _resolve(path).__struct_fields__
+    assert [n for n in names if n not in fields] == []
+
+
+def test_hook_targets_exist():
+    for target, when in sglang_compat.HOOKS.values():
+        assert callable(_resolve(target)), target
+        assert hasattr(_resolve("sglang.srt.plugins.hook_registry.HookType"), when)
+
+
+def test_round_fields_restored_even_on_error():
+    class Batch:
+        pass
+
+    batch = Batch()
+    for i, name in enumerate(sglang_compat.ROUND_FIELDS):
+        setattr(batch, name, i)
+    with pytest.raises(RuntimeError), sglang_compat.batch_round_state(batch):
+        for name in sglang_compat.ROUND_FIELDS:
+            setattr(batch, name, "changed")
+        raise RuntimeError("forward failed")
+    assert [getattr(batch, n) for n in sglang_compat.ROUND_FIELDS] == list(
+        range(len(sglang_compat.ROUND_FIELDS)))
+
+
+def test_host_lens_grown_for_the_verify_build_only():
+    import torch
+
+    class Batch:
+        seq_lens_cpu, seq_lens_sum = torch.tensor([3, 5]), 8
+
+    batch = Batch()
+    with sglang_compat.host_lens_grown(batch, 4):
+        assert batch.seq_lens_cpu.tolist() == [7, 9] and batch.seq_lens_sum == 16
+    assert batch.seq_lens_cpu.tolist() == [3, 5] and batch.seq_lens_sum == 8
+    batch.seq_lens_cpu = None
+    with sglang_compat.host_lens_grown(batch, 4):
+        assert batch.seq_lens_cpu is None and batch.seq_lens_sum == 8
