@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from domino_sglang.lookup import PromptLookup
+from domino_sglang.options import resolve
 from domino_sglang.planner import CycledLength, PolicyLength, RoundPlanner, draft_length_strategy
 from domino_sglang.policy import SpeculationPolicy
 
@@ -122,9 +123,14 @@ def test_a_pinned_length_is_not_resized_for_copies():
     assert not [a for a in policy.asked if a[0] == "lookup_len"]
 
 
-def test_cycled_pattern_is_a_strategy_chosen_at_construction(monkeypatch):
-    monkeypatch.setenv("DOMINO_DRAFT_LEN", "6,1")
-    strategy = draft_length_strategy(SpeculationPolicy.from_env(B))
+def pinned_policy(draft_len: str) -> SpeculationPolicy:
+    """The policy of a server started with --speculative-domino-debug-draft-len `draft_len`."""
+    drafter = SimpleNamespace(candidate_pool=0, short_draft=False, draft_temperature_scale=1.0)
+    return SpeculationPolicy.from_config(resolve(drafter, B, {"draft_len": draft_len}))
+
+
+def test_cycled_pattern_is_a_strategy_chosen_at_construction():
+    strategy = draft_length_strategy(pinned_policy("6,1"))
     assert isinstance(strategy, CycledLength)
     b = batch(req(NEW))  # committed 4 (the host copy of the lengths): pattern[0]
     assert strategy(b) == 6
@@ -132,8 +138,7 @@ def test_cycled_pattern_is_a_strategy_chosen_at_construction(monkeypatch):
     assert strategy(b) == 6
     b.reqs[0].output_ids.append(3)
     assert strategy(b) == 1
-    monkeypatch.setenv("DOMINO_DRAFT_LEN", "3")
-    assert isinstance(draft_length_strategy(SpeculationPolicy.from_env(B)), PolicyLength)
+    assert isinstance(draft_length_strategy(pinned_policy("3")), PolicyLength)
     plan = RoundPlanner(StubPolicy(length=4), B, "cpu", None, draft_len=CycledLength((2, 5)))
     assert plan.plan(batch(req(NEW))).length == 2
 
