@@ -9,9 +9,9 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.domino-sglang-installed
 PORT    ?= 30000
 PYTEST_ARGS ?=
-# `make test` runs three pytest lanes at once (tests/lanes.py: two of server tests, one
-# in-process); TEST_LANES=1: one pytest process.
-TEST_LANES ?= 3
+# `make test` runs two pytest lanes at once (tests/lanes.py: the server tests, the in-process
+# ones); TEST_LANES=1: one pytest process.
+TEST_LANES ?= 2
 HOST    ?= http://127.0.0.1:$(PORT)
 USERS   ?= 4
 DURATION ?= 60s
