@@ -73,7 +73,7 @@ def test_default_running_requests_shrink_to_the_pool(drafter, caplog):
 
 
 def test_output_is_clipped_to_leave_room_for_the_reservations(monkeypatch):
-    import sglang.srt.runtime_context as runtime_context
+    from domino_sglang import sglang_compat  # where the hook reads SGLang's published spec
 
     # SGLang alone would allow 256 - 1 - 1 - 100 = 154 output tokens; DOMINO reserves 2 x 4 more
     assert max_output_tokens(100, 4, pool_tokens=256, page_size=1, row_tokens=8200) == 146
@@ -88,7 +88,7 @@ def test_output_is_clipped_to_leave_room_for_the_reservations(monkeypatch):
             max_new_tokens=max_new, min_new_tokens=min_new))
 
     spec = SimpleNamespace(speculative_algorithm="DOMINO", speculative_num_draft_tokens=4)
-    monkeypatch.setattr(runtime_context, "get_spec", lambda: spec)
+    monkeypatch.setattr(sglang_compat, "get_spec", lambda: spec)
     long, short = req(100, 500, min_new=400), req(100, 20)
     clip_max_new_tokens(None, scheduler, long)
     clip_max_new_tokens(None, scheduler, short)
