@@ -9,8 +9,8 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.domino-sglang-installed
 PORT    ?= 30000
 PYTEST_ARGS ?=
-# `make test` runs two pytest lanes at once (tests/lanes.py: the server tests, the in-process
-# ones); TEST_LANES=1: one pytest process.
+# `make test` runs two lanes at once (tests/lanes.py: the in-process tests then some server tests,
+# and the other server tests); TEST_LANES=1: one pytest process.
 TEST_LANES ?= 2
 HOST    ?= http://127.0.0.1:$(PORT)
 USERS   ?= 4

@@ -24,6 +24,7 @@ from pathlib import Path
 import requests
 
 LOG_DIR = Path(os.environ.get("DOMINO_TEST_LOG_DIR", "/tmp/domino_sglang_test_logs"))
+STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL to the whole process group
 
 
 def sse_chunks(response: requests.Response) -> Iterator[dict]:
@@ -66,7 +67,9 @@ class Server:
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=30)
+                # SGLang's launcher sleeps 5 s for crash diagnostics once its scheduler has
+                # gone; nothing is left to save by then
+                self.proc.wait(timeout=STOP_GRACE_S)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 try:
                     os.killpg(self.proc.pid, signal.SIGKILL)

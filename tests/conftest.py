@@ -1,11 +1,13 @@
-"""Shared fixtures: the prepared target and real SGLang servers (started once per session)."""
+"""Shared fixtures: the prepared target and the plain-decoding servers many tests compare with
+(started on first use, kept while the process's server cap allows: tests/servers.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from domino_sglang.local_server import start_server, stop_servers_on_sigterm
+from domino_sglang.local_server import stop_servers_on_sigterm
+from tests.servers import SharedServer
 
 torch.set_num_threads(1)
 stop_servers_on_sigterm()  # a CI time-out (SIGTERM) stops the servers the tests started
@@ -55,7 +57,7 @@ def ar_server_fp32(target_path):
     synchronous scheduler. The overlap scheduler feeds penalizers `output_ids[-1]` one token late,
     so only the synchronous one is exact plain decoding for penalized requests (greedy outputs
     are the same under both); custom logit processors are enabled for the tests that send them."""
-    server = start_server("ar-fp32", ["--no-speculation", "--dtype", "float32",
+    server = SharedServer("ar-fp32", ["--no-speculation", "--dtype", "float32",
                                       "--max-total-tokens", "16384"],
                           ["--disable-overlap-schedule", "--enable-custom-logit-processor"])
     yield server
@@ -65,7 +67,7 @@ def ar_server_fp32(target_path):
 @pytest.fixture(scope="session")
 def ar_server_bf16(target_path):
     # with the plugin's HTTP flags set, on a plain server (test_openai_api.py checks them)
-    server = start_server("ar-bf16", ["--no-speculation", "--dtype", "bfloat16",
+    server = SharedServer("ar-bf16", ["--no-speculation", "--dtype", "bfloat16",
                                       "--max-total-tokens", "16384"],
                           ["--domino-allowed-origins", APP_ORIGIN,
                            "--domino-max-request-bytes", str(SMALL_BODY_CAP)])

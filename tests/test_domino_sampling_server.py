@@ -20,8 +20,8 @@ import pytest
 import requests
 import torch
 
-from domino_sglang.local_server import start_server
 from tests.drafters import make_repeat_drafter
+from tests.servers import start_server
 from tests.test_parity_transformers import NEW_TOKENS, _strip_eos, hf_greedy
 
 pytestmark = pytest.mark.server

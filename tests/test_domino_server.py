@@ -13,9 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from domino_sglang.local_server import sse_chunks, start_server
+from domino_sglang.local_server import sse_chunks
 from tests.conftest import PROMPTS
 from tests.drafters import make_random_drafter
+from tests.servers import start_server
 
 pytestmark = pytest.mark.server
 NEW_TOKENS = 32
@@ -32,13 +33,13 @@ def _domino(name, drafter, extra=(), dtype="float32"):
                          str(drafter), *extra])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # one test each (a parameter of test_lossless_greedy): not kept beside the next
 def domino_b16(random_drafter):
     with _domino("domino-b16", random_drafter) as server:
         yield server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def domino_b4(random_drafter):
     # Same checkpoint, block size from the flag (overrides the config's 16); prompts are
     # prefilled in chunks of 32 tokens, so chunked prefill feeds the draft KV too.

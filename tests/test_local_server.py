@@ -12,7 +12,8 @@ import pytest
 import requests
 
 from domino_sglang import local_server
-from domino_sglang.local_server import Server, free_port, port_taken, start_server
+from domino_sglang.local_server import Server, free_port, port_taken
+from tests.servers import start_server
 
 pytestmark = pytest.mark.server
 

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from domino_sglang.local_server import start_server
 from tests.drafters import make_random_drafter
+from tests.servers import start_server
 
 pytestmark = pytest.mark.server
 REPEAT_PROMPT = "Repeat the word cat ten times: cat cat cat cat"

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import requests
 
-from domino_sglang.local_server import start_server
 from tests.released_drafters import SMOL, released, scaled, write_released_drafter
+from tests.servers import start_server
 
 pytestmark = pytest.mark.server
 NEW_TOKENS = 32

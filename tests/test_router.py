@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from domino_sglang.local_server import LOG_DIR, free_port, start_server
+from domino_sglang.local_server import LOG_DIR, free_port
 from tests.conftest import PROMPTS
+from tests.servers import start_server
 
 pytestmark = pytest.mark.server
 NEW_TOKENS = 24
@@ -88,8 +89,15 @@ def router(replicas):
             break
     else:
         raise AssertionError("router: its ports were taken before it could bind, 3 times")
-    proc, url, _ = launched
+    proc, url, log_path = launched
     try:
+        # the router answers /health before its workers are registered (in the background):
+        # wait until /workers lists both replicas
+        deadline = time.monotonic() + 120
+        while not all(r.url in requests.get(f"{url}/workers", timeout=10).text for r in replicas):
+            assert time.monotonic() < deadline, (
+                f"router: replicas not registered:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
         yield url
     finally:
         _stop(proc)
@@ -112,10 +120,15 @@ def _requests_served(server) -> float:
     return total
 
 
-def test_router_spreads_requests_and_output_is_unchanged(router, replicas, ar_server_fp32,
-                                                         chat_ids):
+@pytest.fixture(scope="module")
+def reference(ar_server_fp32, chat_ids) -> list[list[int]]:
+    """Plain decoding's answers, computed before the replicas start (tests/servers.py may stop
+    the plain server to make room for them)."""
     with ThreadPoolExecutor(8) as pool:
-        reference = list(pool.map(lambda ids: _generate(ar_server_fp32.url, ids), chat_ids))
+        return list(pool.map(lambda ids: _generate(ar_server_fp32.url, ids), chat_ids))
+
+
+def test_router_spreads_requests_and_output_is_unchanged(reference, router, replicas, chat_ids):
     before = [_requests_served(r) for r in replicas]
     with ThreadPoolExecutor(8) as pool:
         routed = list(pool.map(lambda ids: _generate(router, ids), chat_ids))

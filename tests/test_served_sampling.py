@@ -20,8 +20,8 @@ import pytest
 import requests
 from scipy.stats import chi2_contingency
 
-from domino_sglang.local_server import start_server
 from domino_sglang.paths import shipped_drafter_dir
+from tests.servers import start_server
 
 pytestmark = pytest.mark.server
 SAMPLES = 400

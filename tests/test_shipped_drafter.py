@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from domino_sglang.local_server import start_server
 from domino_sglang.paths import shipped_drafter_dir
+from tests.servers import start_server
 
 pytestmark = pytest.mark.server
 NEW_TOKENS = 64

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from domino_sglang.local_server import start_server
+from tests.servers import start_server
 
 BUDGET = {"plain": 1, "greedy": 2, "sampled": 2, "copies": 3}
 

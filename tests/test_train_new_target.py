@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from domino_sglang.local_server import start_server
 from tests.new_target_fixtures import conversations, make_qwen3_target
+from tests.servers import start_server
 
 pytestmark = pytest.mark.server
 NEW_TOKENS = 48

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import pytest
 
-from domino_sglang.local_server import start_server
 from tests.drafters import make_repeat_drafter
 from tests.reliability.client import ADMIN_KEY, API_KEY, POOL
 from tests.reliability.workload import all_jobs, comparable, run
+from tests.servers import SharedServer
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +41,7 @@ def rel_drafter(target_path, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def rel_server(rel_drafter, references):  # references first: AR work done before DOMINO starts
-    server = start_server(
+    server = SharedServer(
         "reliability",
         ["--dtype", "float32", "--max-total-tokens", str(POOL), "--api-key", API_KEY],
         ["--speculative-algorithm", "DOMINO", "--speculative-draft-model-path", str(rel_drafter),

@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from domino_sglang.local_server import start_server
 from tests.reliability.client import API_KEY, AUTH, POOL, assert_idle
 from tests.reliability.workload import (
     BLOCK,
@@ -26,6 +25,7 @@ from tests.reliability.workload import (
     run,
     tail_job,
 )
+from tests.servers import start_server
 
 pytestmark = pytest.mark.server
 

@@ -17,8 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from domino_sglang.local_server import sse_chunks, start_server
+from domino_sglang.local_server import sse_chunks
 from tests.drafters import make_eos_drafter
+from tests.servers import start_server
 
 pytestmark = pytest.mark.server
 
@@ -38,7 +39,7 @@ LONG = [  # answers the budget cuts
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # one test each: not kept beside the next test's server
 def eos_server(target_path, tmp_path_factory):
     drafter = make_eos_drafter(target_path, tmp_path_factory.mktemp("eos") / "eos4", 4)
     with start_server("domino-eos", ["--dtype", "float32", "--max-total-tokens", "8192"],
@@ -102,7 +103,7 @@ def test_eos_inside_accepted_blocks_is_lossless(eos_server, ar_server_fp32, toke
     assert ended_by_eos <= accepted <= ended_by_eos * 3
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def period_server(target_path, tokenizer, tmp_path_factory):
     period = tokenizer.convert_tokens_to_ids(".")
     drafter = make_eos_drafter(target_path, tmp_path_factory.mktemp("period") / "period4", 4,
