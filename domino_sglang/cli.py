@@ -99,6 +99,7 @@ def sglang_serve_argv() -> list[str]:
     script = Path(sys.executable).parent / "sglang"
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script), "serve"]
+    # sglang.cli.main.main: listed in sglang_compat.TOUCHPOINTS (not imported here: no SGLang)
     return [sys.executable, "-c", "import sys; from sglang.cli.main import main; "
             "sys.argv[0] = 'sglang'; sys.exit(main())", "serve"]
 

@@ -206,6 +206,9 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.srt.layers.logits_processor.LogitsProcessor": ("_compute_lm_head",),
         # security.py
         "sglang.srt.utils.auth.AuthLevel": ("ADMIN_OPTIONAL", "ADMIN_FORCE"),
+        # cli.py: `sglang serve` where the `sglang` console script is missing (a command-line
+        # string, run in the launched interpreter)
+        "sglang.cli.main": ("main",),
     },
     "init assigns": {
         "sglang.srt.managers.schedule_batch.Req": (
