@@ -99,6 +99,7 @@ def sglang_serve_argv() -> list[str]:
     script = Path(sys.executable).parent / "sglang"
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script), "serve"]
+    # sglang.cli.main.main: listed in sglang_compat.TOUCHPOINTS (not imported here: no SGLang)
     return [sys.executable, "-c", "import sys; from sglang.cli.main import main; "
             "sys.argv[0] = 'sglang'; sys.exit(main())", "serve"]
 
@@ -332,11 +333,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_plugin_flags(extra: list[str]) -> dict:
+    """The plugin's flags among the SGLang flags after `--` (`--speculative-domino-*`,
+    `--domino-*`), parsed as SGLang will parse them: a bad value fails here, with one line
+    naming the flag, instead of a minute later in SGLang's start-up. Returns the DOMINO flags
+    given ({field: value})."""
+    from domino_sglang.options import DominoOptionError
+    from domino_sglang.server_flags import check_flags
+
+    try:
+        return check_flags(extra)
+    except DominoOptionError as exc:
+        _fail(f"serve: {exc}")
+
+
 def _check_drafter(drafter: Path, target_cfg: dict | None, extra: list[str],
-                   model_path: str | Path) -> None:
+                   model_path: str | Path, flags: dict | None = None) -> None:
     """Everything the DOMINO worker checks at start-up (config, match with the target, weight
-    names / shapes / finiteness, safetensors only, the draft vocabulary), before SGLang spends
-    minutes loading the target: a malformed drafter fails here with one line."""
+    names / shapes / finiteness, safetensors only, the draft vocabulary, the DOMINO options
+    against the drafter's block size), before SGLang spends minutes loading the target: a
+    malformed drafter or option fails here with one line. `flags`: _check_plugin_flags'."""
+    from domino_sglang import options
     from domino_sglang.config import (
         DrafterConfigError,
         check_against_target,
@@ -356,9 +373,24 @@ def _check_drafter(drafter: Path, target_cfg: dict | None, extra: list[str],
         load_draft_vocab(conf.path, conf.vocab_size)
     except DrafterConfigError as exc:
         _fail(f"serve: {exc}")
+    algorithm = flag_value(extra, "--speculative-algorithm")
+    if algorithm is not None and algorithm.upper() != "DOMINO":
+        return
+    # the launcher's resolution (algorithm.resolve_server_args) of what the command line decides
+    given = dict(flags or {})
+    adaptive_file = flag_value(extra, "--speculative-adaptive-config")
+    if adaptive_file:
+        given["speculative_adaptive_config"] = adaptive_file
+    pool = flag_value(extra, options.POOL_FLAG)
+    try:
+        options.resolve(conf, conf.block_size, given,
+                        pool_flag=int(pool) if pool and pool.lstrip("-").isdigit() else None)
+    except options.DominoOptionError as exc:
+        _fail(f"serve: {exc}")
 
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
+    flags = _check_plugin_flags(extra)
     if args.model_path is None:
         from domino_sglang.target import TargetError, prepare_target
 
@@ -375,7 +407,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     except HubError as exc:
         _fail(f"serve: {exc}")
     if args.drafter is not None and not args.no_speculation:
-        _check_drafter(Path(args.drafter), target_cfg, extra, args.model_path)
+        _check_drafter(Path(args.drafter), target_cfg, extra, args.model_path, flags)
     if _port_in_use(args.host, args.port):
         _fail(f"serve: port {args.port} on {args.host} is already in use; choose another --port")
     cmd, env = build_serve_command(args, extra)

@@ -190,14 +190,19 @@ def load_draft_config(path: str | Path, block_size: int | None = None,
     return parse_draft_config(cfg, path, block_size, tokenizer_path)
 
 
+# SGLang's runtime context, probed by name: loaded only where SGLang runs (sglang_compat's
+# `get_server_args` comes from it; tests/test_sglang_compat.py keeps the two in step).
+SGLANG_RUNTIME_CONTEXT = "sglang.srt.runtime_context"
+
+
 def _served_tokenizer_path() -> str | None:
     """The tokenizer of the model SGLang serves in this process, if SGLang published it."""
     import sys
 
-    if "sglang.srt.runtime_context" not in sys.modules:
+    if SGLANG_RUNTIME_CONTEXT not in sys.modules:  # no SGLang here: nothing to import
         return None
     try:
-        from sglang.srt.runtime_context import get_server_args
+        from domino_sglang.sglang_compat import get_server_args
 
         args = get_server_args()
         return getattr(args, "tokenizer_path", None) or getattr(args, "model_path", None)

@@ -27,9 +27,10 @@ origins, hosts, admin routes) stay on either way.
 - `top_logprobs_num` above the vocabulary and out-of-vocabulary `token_ids_logprob` on the
   native `/generate` route kill the scheduler too; refused with the prompt ids above.
 
-Private SGLang internals: `TokenizerManager._validate_one_request(obj, input_ids)` and its
-`model_config.vocab_size`, hooked through SGLang's plugin `HookRegistry`; the module-level
-FastAPI `app` of `sglang.srt.entrypoints.http_server`.
+Private SGLang internals (sglang_compat.py: HOOKS, TOUCHPOINTS):
+`TokenizerManager._validate_one_request(obj, input_ids)` and its `model_config.vocab_size`,
+hooked through SGLang's plugin `HookRegistry`; the module-level FastAPI `app` of SGLang's
+`http_server` (sglang_compat.loaded_http_server).
 This module imports nothing heavy at import time (the CLI uses the redaction helpers).
 """
 
@@ -325,9 +326,9 @@ def install_http_guards(server_args) -> bool:
     """Add RequestGuard and the access rules (security.py) to SGLang's HTTP app, in the process
     that serves it (the one that has imported http_server before plugins load); False
     elsewhere or if it already started."""
-    from domino_sglang import security, server_flags
+    from domino_sglang import security, server_flags, sglang_compat
 
-    http = sys.modules.get("sglang.srt.entrypoints.http_server")
+    http = sglang_compat.loaded_http_server()
     if http is None or getattr(http.app, "_domino_guards", False):
         return False
     options = server_flags.current()
@@ -350,16 +351,15 @@ def _before_launch(*args, **kwargs) -> None:
 
 def register_guards() -> None:
     """Hook the checks into SGLang (SGLang applies hooks after every plugin has loaded)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from domino_sglang import sglang_compat
 
     install_log_redaction()
     import multiprocessing
 
+    hooks = {}
     if multiprocessing.current_process().name == "MainProcess":
         # The HTTP app lives in the launching process, which loads plugins before it imports
         # http_server: install the body guard as launch_server starts (before uvicorn runs).
-        HookRegistry.register("sglang.srt.entrypoints.http_server.launch_server",
-                              _before_launch, HookType.BEFORE)
-    HookRegistry.register(
-        "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
-        check_input_ids, HookType.BEFORE)
+        hooks["install_http_guards"] = _before_launch
+    hooks["check_input_ids"] = check_input_ids
+    sglang_compat.register_hooks(hooks)

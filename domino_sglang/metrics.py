@@ -235,7 +235,7 @@ class DominoMetrics:
     def for_scheduler(cls, max_draft_len: int, device) -> DominoMetrics:
         """Enabled when SGLang's own scheduler metrics are (`--enable-metrics`, stats-logging
         rank: attention TP/CP rank 0), with SGLang's `model_name` label (+ `dp_rank`)."""
-        from sglang.srt.runtime_context import get_observability, get_parallel, get_serving
+        from domino_sglang.sglang_compat import get_observability, get_parallel, get_serving
 
         obs, parallel = get_observability(), get_parallel()
         enabled = bool(obs.enable_metrics) and (

@@ -235,10 +235,8 @@ def sglang_draft_model_class() -> type:
     `input_embeds`. Attention goes through `RadixAttention` (ENCODER_ONLY = non-causal inside
     the block) over the draft KV pool, so it runs on whatever backend SGLang picked.
     """
-    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-    from sglang.srt.layers.radix_attention import AttentionType, RadixAttention
-
     from domino_sglang.config import parse_draft_config
+    from domino_sglang.sglang_compat import AttentionType, LogitsProcessorOutput, RadixAttention
 
     class DominoDraftModel(nn.Module):
         def __init__(self, config, quant_config=None, prefix: str = "") -> None:

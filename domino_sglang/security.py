@@ -17,8 +17,8 @@ SGLang 0.5.23's own defaults let one request take a server down or act as its ad
   browser, OpenAI's `openai-insecure-api-key.KEY` subprotocol.
 
 `access_problem` is the pure decision (unit-tested); `AccessGuard` applies it (ASGI middleware).
-Private SGLang internals: `sglang.srt.utils.auth` (AuthLevel, the route's level) and the CORS
-middleware SGLang adds to `http_server.app` at import.
+Private SGLang internals (sglang_compat.py): `sglang.srt.utils.auth` (AuthLevel, the route's
+level); and the CORS middleware SGLang adds to `http_server.app` at import.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def access_problem(rules: AccessRules, *, kind: str, path: str, headers: dict[st
 
 def is_admin_route(app, scope) -> bool:
     """SGLang marks the route ADMIN_OPTIONAL or ADMIN_FORCE (`@auth_level`)."""
-    from sglang.srt.utils.auth import AuthLevel, _get_auth_level_from_app_and_scope
+    from domino_sglang.sglang_compat import AuthLevel, _get_auth_level_from_app_and_scope
 
     level = _get_auth_level_from_app_and_scope(app, scope)
     return level in (AuthLevel.ADMIN_OPTIONAL, AuthLevel.ADMIN_FORCE)

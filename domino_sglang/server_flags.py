@@ -11,13 +11,15 @@ own fields. The values live in `current()` of the process that parsed them (the 
 serves HTTP); nothing here is read from the environment.
 
 Private SGLang internals: `ServerArgs.add_cli_args(parser)` and `ServerArgs.from_cli_args(cls,
-args)`, hooked through the plugin `HookRegistry` (register()).
+args)`, hooked through the plugin `HookRegistry` (register(); the targets are sglang_compat.HOOKS).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
+from typing import Any
 
 # A request body larger than this is refused with a 413 before anything parses it. 4 MiB holds
 # a 128k-token text prompt with room to spare; a 20 MB body (~10 M tokens) made the API
@@ -99,6 +101,30 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
              "log redaction stay on either way.")
 
 
+class _RaisingParser(argparse.ArgumentParser):
+    """A parser whose errors raise (one line) instead of printing usage and exiting."""
+
+    def error(self, message: str):
+        from domino_sglang.options import DominoOptionError
+
+        # argparse's "argument --flag: must be ..." -> "--flag must be ..." (options.py's wording)
+        raise DominoOptionError(re.sub(r"^argument (\S+): ", r"\1 ", message))
+
+
+def check_flags(argv: list[str]) -> dict[str, Any]:
+    """Parse the plugin's flags out of an SGLang command line (`argv`: what `domino-sglang serve`
+    passes after `--`) by the rules SGLang's parser applies at start-up, everything else left
+    to SGLang. Returns the DOMINO flags given ({field: parsed value}); a bad value raises
+    options.DominoOptionError, one line naming the flag. Exact flag names only: an abbreviation
+    is SGLang's to resolve."""
+    from domino_sglang import options
+
+    parser = _RaisingParser(add_help=False, allow_abbrev=False)
+    add_flags(parser)
+    namespace, _sglang_own = parser.parse_known_args(list(argv))
+    return options.flags_from_namespace(namespace)
+
+
 def read_flags(namespace: argparse.Namespace) -> HttpOptions:
     """Keep the plugin's flags from a parsed namespace as this process's options."""
     global _options
@@ -127,11 +153,8 @@ def _after_from_cli_args(server_args, cls, namespace: argparse.Namespace) -> Non
 
 def register() -> None:
     """Hook the flags into SGLang's parser (SGLang applies hooks after plugins load)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from domino_sglang import sglang_compat
 
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args",
-                          _after_add_cli_args, HookType.AFTER)
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args",
-                          _before_from_cli_args, HookType.BEFORE)
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args",
-                          _after_from_cli_args, HookType.AFTER)
+    sglang_compat.register_hooks({"add_server_flags": _after_add_cli_args,
+                                  "read_http_flags": _before_from_cli_args,
+                                  "remember_domino_flags": _after_from_cli_args})

@@ -1,4 +1,4 @@
-"""Every private SGLang internal the DOMINO worker and algorithm touch, in one place.
+"""Every private SGLang internal the plugin touches, in one place.
 
 Written against sglang==0.5.23 (`SGLANG_VERSION`); tests/test_sglang_compat.py pins that version
 and checks that every name, dataclass field, keyword argument and hook target listed in
@@ -8,14 +8,23 @@ ScheduleBatch round-state save / restore the worker needs to borrow SGLang's own
 builders, and the registration calls (speculative registry, hooks, model registry).
 
 Imported at the top: the modules the worker needs, all already loaded by any SGLang process
-(importing this module costs ~20 ms there). Lazy (inside functions): the model registry (its
-import scans every model file) and the algorithm's registration pieces (algorithm.py is also
-imported by the CLI, without a server).
+(importing this module costs ~20 ms there; the plugin's `register()` imports it in every SGLang
+process). Lazy (inside functions): the model registry (its import scans every model file) and
+the algorithm's registration pieces (algorithm.py is also imported by the CLI, without a server).
+Lazy re-exports (`LAZY`, resolved on first use through the module's `__getattr__`): the names
+the drafter model class (model.py), the CPU runtime (cpu/attention.py, cpu/linear.py) and the
+access rules (security.py) take from SGLang modules nothing else here imports.
+
+Every module that touches SGLang imports this one inside the function that needs it, never at
+its top: the CLI imports guards.py / server_flags.py / options.py without a server, and
+`python -c "import domino_sglang.cli"` imports no SGLang.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import sys
 from collections.abc import Iterator
 
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
@@ -28,7 +37,13 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
 )
-from sglang.srt.runtime_context import get_spec
+from sglang.srt.runtime_context import (
+    get_observability,
+    get_parallel,
+    get_server_args,
+    get_serving,
+    get_spec,
+)
 from sglang.srt.sampling.custom_logit_processor import supports_sampling_mask
 from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
@@ -46,26 +61,62 @@ SGLANG_VERSION = "0.5.23"
 
 __all__ = [
     "BaseSpecWorker", "CaptureHiddenMode", "DFlashVerifyInput", "ForwardBatch", "ForwardMode",
-    "GenerationBatchResult", "GrammarTree", "KVWriteLoc", "SGLANG_VERSION", "TOUCHPOINTS",
-    "apply_custom_logit_processor", "apply_scaling_penalties", "assign_extend_cache_locs_func",
-    "batch_round_state", "build_draft_tp_worker", "build_grammar_vocab_mask",
-    "compute_spec_logprobs", "get_bool_env_var", "get_spec", "host_lens_grown",
-    "make_draft_block_spec_info", "make_draft_input_v2", "register_draft_architecture",
-    "register_hooks", "register_spec_algorithm", "sanitize_nan_logits", "supports_sampling_mask",
-]
+    "GenerationBatchResult", "GrammarTree", "HTTP_SERVER", "KVWriteLoc", "LAZY", "SGLANG_VERSION",
+    "TOUCHPOINTS", "apply_custom_logit_processor", "apply_scaling_penalties",
+    "assign_extend_cache_locs_func", "batch_round_state", "build_draft_tp_worker",
+    "build_grammar_vocab_mask", "compute_spec_logprobs", "get_bool_env_var", "get_observability",
+    "get_parallel", "get_server_args", "get_serving", "get_spec", "host_lens_grown",
+    "loaded_http_server", "make_draft_block_spec_info", "make_draft_input_v2",
+    "register_draft_architecture", "register_hooks", "register_spec_algorithm",
+    "sanitize_nan_logits", "supports_sampling_mask",
+]  # plus the lazy re-exports of LAZY (not listed: `import *` would import them all)
 
 # The ScheduleBatch fields a plain round (decode_forward) sets for SGLang's own DECODE forward
 # and restores afterwards: the scheduler's view of the round must not change.
 ROUND_FIELDS = ("forward_mode", "input_ids", "out_cache_loc", "spec_info", "seq_lens",
                 "seq_lens_cpu", "seq_lens_sum")
 
-# The hooks the algorithm registers: (target SGLang function, when) by role (algorithm.py).
+# SGLang's HTTP server module: its FastAPI `app` gets the guards (guards.py) in the process that
+# serves it, found in sys.modules (loaded_http_server), never imported by the plugin.
+HTTP_SERVER = "sglang.srt.entrypoints.http_server"
+
+# The hooks the plugin registers: (target SGLang function, when) by role.
 HOOKS = {
+    # algorithm.py
     "clip_max_new_tokens": ("sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens",
                             "AFTER"),
     "cumulate_penalties": ("sglang.srt.speculative.spec_utils.spec_prepare_for_decode", "BEFORE"),
     "refuse_unsupported_outputs": (
         "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "BEFORE"),
+    # guards.py
+    "install_http_guards": (f"{HTTP_SERVER}.launch_server", "BEFORE"),
+    "check_input_ids": (
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "BEFORE"),
+    # server_flags.py: the plugin's flags on SGLang's parser, read back from the namespace
+    "add_server_flags": ("sglang.srt.server_args.ServerArgs.add_cli_args", "AFTER"),
+    "read_http_flags": ("sglang.srt.server_args.ServerArgs.from_cli_args", "BEFORE"),
+    "remember_domino_flags": ("sglang.srt.server_args.ServerArgs.from_cli_args", "AFTER"),
+}
+
+# Lazy re-exports, as SGLang spells them: name -> SGLang module. `from domino_sglang.sglang_compat
+# import RadixAttention` (inside the function that needs it) imports that module then.
+LAZY: dict[str, str] = {
+    # model.py: the drafter as an SGLang model class
+    "LogitsProcessorOutput": "sglang.srt.layers.logits_processor",
+    "RadixAttention": "sglang.srt.layers.radix_attention",
+    "AttentionType": "sglang.srt.layers.radix_attention",
+    # cpu/attention.py: the `domino_cpu` backend and its registration (registry, CLI choices)
+    "AttentionBackend": "sglang.srt.layers.attention.base_attn_backend",
+    "ATTENTION_BACKENDS": "sglang.srt.layers.attention.attention_registry",
+    "ATTENTION_BACKEND_CHOICES": "sglang.srt.arg_groups.choices",
+    "DRAFT_ATTENTION_BACKEND_CHOICES": "sglang.srt.arg_groups.choices",
+    # cpu/linear.py: the methods it patches (CPU engine only)
+    "LogitsProcessor": "sglang.srt.layers.logits_processor",
+    "UnquantizedEmbeddingMethod": "sglang.srt.layers.quantization.unquant",
+    "UnquantizedLinearMethod": "sglang.srt.layers.quantization.unquant",
+    # security.py: a route's auth level
+    "AuthLevel": "sglang.srt.utils.auth",
+    "_get_auth_level_from_app_and_scope": "sglang.srt.utils.auth",
 }
 
 # What the worker and the algorithm read or write on SGLang objects, for the version test:
@@ -73,6 +124,7 @@ HOOKS = {
 #   "keywords": {"module.callable": keyword arguments passed};
 #   "attributes": {"module.Class": attribute / method names};
 #   "init assigns": {"module.Class": attributes its __init__ sets (a Req has no field list)};
+#   "class assigns": {"module.Class": attributes one of its methods sets (not __init__)};
 #   "struct fields": {"module.Class": fields of a msgspec Struct}.
 TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
     "dataclass fields": {
@@ -82,7 +134,8 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.srt.model_executor.forward_batch_info.ForwardBatch": (
             "forward_mode", "batch_size", "input_ids", "req_pool_indices", "seq_lens",
             "out_cache_loc", "seq_lens_sum", "seq_lens_cpu", "positions", "input_embeds",
-            "spec_algorithm", "spec_info", "capture_hidden_mode"),
+            "spec_algorithm", "spec_info", "capture_hidden_mode",
+            "extend_prefix_lens", "extend_seq_lens"),  # + cpu/attention.py
         "sglang.srt.speculative.dflash_info.DFlashVerifyInput": (
             "draft_token", "positions", "draft_token_num", "custom_mask", "capture_hidden_mode"),
         "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo": (
@@ -111,12 +164,20 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
             "capture_hidden_mode"),
         "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.register": (
             "supports_overlap", "spec_class"),
+        # model.py
+        "sglang.srt.layers.radix_attention.RadixAttention": ("layer_id", "attn_type", "prefix"),
+        "sglang.srt.layers.logits_processor.LogitsProcessorOutput": (
+            "next_token_logits", "hidden_states"),
+        # cpu/linear.py: the wrapped lm_head forward
+        "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head": (
+            "hidden_states", "lm_head", "embedding_bias", "out"),
     },
     "attributes": {
         "sglang.srt.speculative.dflash_info.DFlashVerifyInput": ("prepare_for_verify",),
         "sglang.srt.managers.schedule_batch.ScheduleBatch": (
             "cumulate_penalty_output_tokens",),
-        "sglang.srt.model_executor.forward_batch_info.ForwardMode": ("DECODE", "TARGET_VERIFY"),
+        "sglang.srt.model_executor.forward_batch_info.ForwardMode": (
+            "DECODE", "TARGET_VERIFY", "is_idle", "is_decode", "is_target_verify"),
         "sglang.srt.model_executor.forward_batch_info.CaptureHiddenMode": ("FULL", "NULL"),
         "sglang.srt.speculative.spec_utils.GrammarTree": ("from_linear_chain",),
         "sglang.srt.models.registry.ModelRegistry": ("models",),
@@ -125,11 +186,44 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.srt.managers.schedule_batch": ("get_request_return_hidden_states_mode",),
         "sglang.srt.managers.overlap_utils": ("FutureMap",),
         "sglang.srt.speculative.spec_registry": ("CustomSpecAlgo", "get_spec"),
-        "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool": ("set_kv_buffer",),
+        "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool": (
+            "set_kv_buffer", "get_key_buffer", "get_value_buffer"),
+        # config.py, metrics.py: what SGLang published for this process
+        "sglang.srt.runtime_context": (
+            "get_server_args", "get_observability", "get_parallel", "get_serving"),
+        # guards.py
+        HTTP_SERVER: ("app", "launch_server"),
+        # cpu/attention.py
+        "sglang.srt.layers.attention.base_attn_backend.AttentionBackend": (
+            "init_forward_metadata", "forward_extend", "forward_decode", "support_triton"),
+        "sglang.srt.layers.radix_attention.AttentionType": ("ENCODER_ONLY",),
+        "sglang.srt.mem_cache.memory_pool.KVWriteLoc": ("for_batch",),
+        # cpu/linear.py: the methods it wraps
+        "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod": (
+            "apply", "process_weights_after_loading"),
+        "sglang.srt.layers.quantization.unquant.UnquantizedEmbeddingMethod": (
+            "process_weights_after_loading",),
+        "sglang.srt.layers.logits_processor.LogitsProcessor": ("_compute_lm_head",),
+        # security.py
+        "sglang.srt.utils.auth.AuthLevel": ("ADMIN_OPTIONAL", "ADMIN_FORCE"),
+        # cli.py: `sglang serve` where the `sglang` console script is missing (a command-line
+        # string, run in the launched interpreter)
+        "sglang.cli.main": ("main",),
     },
     "init assigns": {
         "sglang.srt.managers.schedule_batch.Req": (
             "rid", "origin_input_ids", "output_ids", "sampling_params", "custom_logit_processor"),
+        # cpu/attention.py: the layer attributes the backend reads
+        "sglang.srt.layers.radix_attention.RadixAttention": (
+            "tp_q_head_num", "tp_k_head_num", "tp_v_head_num", "qk_head_dim", "v_head_dim",
+            "scaling", "layer_id", "logit_cap", "is_cross_attention", "attn_type"),
+        # cpu/linear.py: when SGLang itself would not run the plain lm_head matmul
+        "sglang.srt.layers.logits_processor.LogitsProcessor": (
+            "use_fp32_lm_head", "rl_on_policy_target"),
+    },
+    "class assigns": {
+        # guards.py (model_config.vocab_size), algorithm.py (server_args)
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager": ("model_config", "server_args"),
     },
     "struct fields": {
         "sglang.srt.sampling.sampling_params.SamplingParams": (
@@ -137,6 +231,14 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
             "repetition_penalty", "min_new_tokens", "max_new_tokens"),
     },
 }
+
+
+def __getattr__(name: str):
+    """The lazy re-exports (LAZY): SGLang's object, imported on first use."""
+    module = LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 @contextlib.contextmanager
@@ -212,3 +314,9 @@ def wants_hidden_states(return_hidden_states) -> bool:
     from sglang.srt.managers.schedule_batch import get_request_return_hidden_states_mode
 
     return get_request_return_hidden_states_mode(return_hidden_states) != CaptureHiddenMode.NULL
+
+
+def loaded_http_server():
+    """SGLang's HTTP server module if this process has imported it (the launcher, before
+    plugins load), else None; never imported here."""
+    return sys.modules.get(HTTP_SERVER)

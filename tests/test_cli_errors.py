@@ -179,3 +179,74 @@ def test_regenerate_rejects_a_turn_for_other_sources(capsys, source):
     assert exc.value.code == 2
     assert capsys.readouterr().err.strip() == (
         "domino-sglang: error: regenerate: --turn applies to --source sharegpt only")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--speculative-domino-adaptive", "maybe"],
+     "--speculative-domino-adaptive must be on/off (or true/false, 1/0), got 'maybe'"),
+    (["--max-total-tokens", "4096", "--speculative-domino-debug-draft-len=0,x"],
+     "--speculative-domino-debug-draft-len must be an integer L >= 1 or a comma-separated list "
+     "of them, got '0,x'"),
+    (["--speculative-domino-draft-temperature-scale", "nan"],
+     "--speculative-domino-draft-temperature-scale must be a finite number > 0, got 'nan'"),
+    (["--domino-max-request-bytes", "5"],
+     "--domino-max-request-bytes must be at least 1024 bytes, got 5"),
+    (["--speculative-domino-lookup"], "--speculative-domino-lookup expected one argument"),
+])
+def test_serve_refuses_a_bad_plugin_flag_before_anything_else(tmp_path, monkeypatch, capsys,
+                                                              extra, message):
+    """Caught in `serve` itself (exit 2, one line naming the flag), before the target is
+    prepared or SGLang started: SGLang's own parser would refuse it only at start-up."""
+    def never(*args, **kwargs):
+        raise AssertionError("serve went on past a bad flag")
+
+    monkeypatch.setattr(target, "prepare_target", never)
+    monkeypatch.setattr(cli.os, "execv", never)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["serve", "--dry-run", "--", *extra])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip() == f"domino-sglang: error: serve: {message}"
+
+
+@pytest.fixture(scope="module")
+def block4_drafter(target_path, tmp_path_factory):
+    from tests.drafters import make_random_drafter
+
+    return make_random_drafter(target_path, tmp_path_factory.mktemp("drafter") / "b4",
+                               block_size=4)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_checks_the_domino_options_against_the_drafter(target_path, block4_drafter,
+                                                             monkeypatch, capsys):
+    """What the launcher would refuse once it has the drafter's block size (here B = 4)."""
+    monkeypatch.setattr(cli.os, "execv", lambda *a: pytest.fail("a dry run exec'd"))
+    base = ["serve", "--dry-run", "--device", "cpu", "--port", str(_free_port()),
+            "--model-path", str(target_path), "--drafter", str(block4_drafter), "--"]
+    for extra, message in [
+        (["--speculative-domino-debug-draft-len", "4,5"],
+         "--speculative-domino-debug-draft-len must be integers in 1..4 (the block size), "
+         "got 4,5"),
+        (["--speculative-adaptive-config", "a.json"],
+         "--speculative-adaptive-config a.json: DOMINO's adaptive policy takes no config file"),
+        (["--speculative-domino-candidate-pool-size", "-1"],
+         "--speculative-domino-candidate-pool-size must be an integer >= 0"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            cli.main(base + extra)
+        err = capsys.readouterr().err.strip()
+        assert exc.value.code == 2 and "\n" not in err
+        assert err.startswith(f"domino-sglang: error: serve: {message}"), err
+    # good values pass, and reach SGLang's command line untouched
+    extra = ["--speculative-domino-debug-draft-len", "4,1", "--speculative-domino-adaptive",
+             "off"]
+    assert cli.main(base + extra) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].endswith(" ".join(extra))
+    # another algorithm: DOMINO's options are not resolved against the drafter
+    assert cli.main(base + ["--speculative-algorithm", "NGRAM",
+                            "--speculative-domino-debug-draft-len", "5"]) == 0

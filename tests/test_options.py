@@ -170,3 +170,20 @@ def test_launch_server_help_lists_the_flags():
     assert proc.returncode == 0, proc.stderr[-2000:]
     for flag in [*(f.name for f in options.FLAGS), "--domino-request-guards"]:
         assert flag in proc.stdout, flag
+
+
+def test_serve_pre_parses_the_plugin_flags_among_sglangs():
+    """server_flags.check_flags: what `domino-sglang serve` checks before launching SGLang."""
+    from domino_sglang.server_flags import check_flags
+
+    argv = ["--max-total-tokens", "4096", "--speculative-domino-adaptive", "off",
+            "--speculative-domino-debug-draft-len=4,1", "--domino-allowed-hosts", "a,b",
+            "--mem-fraction-static", "-0.5", "--speculative-num-draft-tokens", "8"]
+    assert check_flags(argv) == {"adaptive": False, "draft_len": (4, 1)}
+    assert check_flags([]) == {}
+    # exact names only: an abbreviation is SGLang's to resolve (and refuse)
+    assert check_flags(["--speculative-domino-adapt", "maybe"]) == {}
+    with pytest.raises(DominoOptionError, match=r"^--speculative-domino-debug-cost must be three"):
+        check_flags(["--speculative-domino-debug-cost", "1,2"])
+    with pytest.raises(DominoOptionError, match=r"^--domino-request-guards must be on/off"):
+        check_flags(["--domino-request-guards", "sometimes"])

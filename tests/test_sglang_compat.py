@@ -7,6 +7,8 @@ import dataclasses
 import importlib
 import importlib.metadata
 import inspect
+import subprocess
+import sys
 
 import pytest
 
@@ -62,6 +64,12 @@ def test_init_assigns_attributes(path, names):
     assert [n for n in names if f"self.{n} =" not in source] == []
 
 
+@pytest.mark.parametrize("path,names", sorted(sglang_compat.TOUCHPOINTS["class assigns"].items()))
+def test_class_assigns_attributes(path, names):
+    source = inspect.getsource(_resolve(path))
+    assert [n for n in names if f"self.{n} =" not in source] == []
+
+
 @pytest.mark.parametrize("path,names", sorted(sglang_compat.TOUCHPOINTS["struct fields"].items()))
 def test_struct_fields_exist(path, names):
     fields = _resolve(path).__struct_fields__
@@ -72,6 +80,44 @@ def test_hook_targets_exist():
     for target, when in sglang_compat.HOOKS.values():
         assert callable(_resolve(target)), target
         assert hasattr(_resolve("sglang.srt.plugins.hook_registry.HookType"), when)
+
+
+@pytest.mark.parametrize("name,module", sorted(sglang_compat.LAZY.items()))
+def test_lazy_reexports_are_sglangs_objects(name, module):
+    assert getattr(sglang_compat, name) is getattr(importlib.import_module(module), name)
+
+
+def test_an_unknown_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
+        sglang_compat.NoSuchThing  # noqa: B018
+
+
+def test_modules_probed_by_name_are_the_ones_compat_imports():
+    """config.py and guards.py look SGLang modules up in sys.modules by name (never importing
+    them): those names must stay the modules sglang_compat takes the objects from."""
+    from domino_sglang import config
+
+    assert config.SGLANG_RUNTIME_CONTEXT == sglang_compat.get_server_args.__module__
+    http = importlib.import_module(sglang_compat.HTTP_SERVER)
+    assert sglang_compat.loaded_http_server() is http and hasattr(http, "app")
+
+
+def test_cpu_kernels_mirror_sglangs_tree_mask_modes():
+    """cpu/kernels.py (imported at interpreter start-up, so without SGLang) hard-codes these."""
+    from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
+
+    from domino_sglang.cpu import kernels
+
+    assert (kernels._FULL_MASK, kernels._QLEN_ONLY, kernels._QLEN_ONLY_BITPACKING) == (
+        TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY, TreeMaskMode.QLEN_ONLY_BITPACKING)
+
+
+def test_the_cli_imports_no_sglang():
+    code = ("import sys, domino_sglang.cli; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sglang', 'torch')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_round_fields_restored_even_on_error():

@@ -23,9 +23,10 @@ decode bs 64 with prefixes of 50..770 tokens 210 -> 29 ms, decode bs 32 with 60.
 15.1 -> 4.4 ms, decode bs 1 with 300 tokens 0.38 -> 0.14 ms, 16-token verify at bs 16
 10.7 -> 4.7 ms.
 
-Depends on SGLang internals: `AttentionBackend`, `ForwardBatch` fields (`forward_mode`,
-`seq_lens`, `extend_prefix_lens`, `extend_seq_lens`, `req_pool_indices`, `out_cache_loc`,
-`spec_info.custom_mask`) and the KV pool's `set_kv_buffer` / `get_key_buffer`.
+Depends on SGLang internals (imported through sglang_compat.py, which lists them):
+`AttentionBackend`, `ForwardBatch` fields (`forward_mode`, `seq_lens`, `extend_prefix_lens`,
+`extend_seq_lens`, `req_pool_indices`, `out_cache_loc`, `spec_info.custom_mask`) and the KV
+pool's `set_kv_buffer` / `get_key_buffer`.
 """
 
 from __future__ import annotations
@@ -204,9 +205,7 @@ def _gather(cache: torch.Tensor, locs: torch.Tensor, new: torch.Tensor) -> torch
 
 def _make_backend_class():
     """Build the SGLang backend class lazily so this module imports without SGLang."""
-    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-    from sglang.srt.layers.radix_attention import AttentionType
-    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+    from domino_sglang.sglang_compat import AttentionBackend, AttentionType, KVWriteLoc
 
     class DominoCpuAttnBackend(AttentionBackend):
         """SGLang adapter around `build_plan` + `paged_attention`."""
@@ -286,13 +285,16 @@ def _make_backend_class():
 
 def register_backend() -> None:
     """Add `--attention-backend domino_cpu` to SGLang's registry and CLI choices (idempotent)."""
-    from sglang.srt.arg_groups import choices
-    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+    from domino_sglang.sglang_compat import (
+        ATTENTION_BACKEND_CHOICES,
+        ATTENTION_BACKENDS,
+        DRAFT_ATTENTION_BACKEND_CHOICES,
+    )
 
     if BACKEND_NAME in ATTENTION_BACKENDS:
         return
     backend_cls = _make_backend_class()
     ATTENTION_BACKENDS[BACKEND_NAME] = backend_cls
-    for names in (choices.ATTENTION_BACKEND_CHOICES, choices.DRAFT_ATTENTION_BACKEND_CHOICES):
+    for names in (ATTENTION_BACKEND_CHOICES, DRAFT_ATTENTION_BACKEND_CHOICES):
         if BACKEND_NAME not in names:
             names.append(BACKEND_NAME)

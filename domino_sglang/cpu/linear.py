@@ -19,15 +19,16 @@ among others (M >= 2), fp32 and bf16 alike (checked 2026-11-29), so a verify's M
 differ from a plain step's in the last bits; the fp32 exactness tests hold on real prompts
 (a flipped argmax needs a near-tie).
 
-How it plugs in (SGLang internals, all in `install()`): `UnquantizedLinearMethod` and
-`UnquantizedEmbeddingMethod.process_weights_after_loading` (called after the first load and
-after every weight update, the hook SGLang's own AMX packing uses) pack a linear's weight onto
-the layer and drop an embedding's pack (it is re-made when the embedding next serves as the
-lm_head); `UnquantizedLinearMethod.apply` and `LogitsProcessor._compute_lm_head` use the pack
-when the input is a CPU tensor of the weight's dtype; `pack_linears` does the same for the
-plain nn.Linear layers of the drafter's backbone. The dense weight stays (embedding lookups, the
-drafter's shared lm_head and tests read it), so packed layers hold their weights twice.
-Off with DOMINO_SGLANG_NO_ONEDNN_LINEAR=1; never active on GPU.
+How it plugs in (SGLang internals, all in `install()`, imported through sglang_compat.py):
+`UnquantizedLinearMethod` and `UnquantizedEmbeddingMethod.process_weights_after_loading` (called
+after the first load and after every weight update, the hook SGLang's own AMX packing uses) pack
+a linear's weight onto the layer and drop an embedding's pack (it is re-made when the embedding
+next serves as the lm_head); `UnquantizedLinearMethod.apply` and
+`LogitsProcessor._compute_lm_head` use the pack when the input is a CPU tensor of the weight's
+dtype; `pack_linears` does the same for the plain nn.Linear layers of the drafter's backbone.
+The dense weight stays (embedding lookups, the drafter's shared lm_head and tests read it), so
+packed layers hold their weights twice. Off with DOMINO_SGLANG_NO_ONEDNN_LINEAR=1; never active
+on GPU.
 """
 
 from __future__ import annotations
@@ -153,8 +154,8 @@ def install() -> bool:
         return True
     if not should_install():
         return False
-    from sglang.srt.layers.logits_processor import LogitsProcessor
-    from sglang.srt.layers.quantization.unquant import (
+    from domino_sglang.sglang_compat import (
+        LogitsProcessor,
         UnquantizedEmbeddingMethod,
         UnquantizedLinearMethod,
     )
