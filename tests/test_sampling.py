@@ -21,7 +21,7 @@ import torch
 from scipy.stats import chi2
 from torch import nn
 
-from domino_sglang.lookup import lookup_draft
+from domino_sglang.lookup import lookup_batch
 from domino_sglang.pointer import CopyIndex, PointerCopy
 from domino_sglang.rollout import HeadParams, greedy_rollout
 from domino_sglang.sampling import (
@@ -99,7 +99,7 @@ def run_domino(target: TinyTarget, head: HeadParams, rows: SamplingRows, verify,
     """Rounds of draft -> verify -> commit for every row until `tokens` are generated.
 
     scale: the draft temperature scale (q at temperature T * scale).
-    lookup: rows whose history has a prompt-lookup draft (lookup.py, here from one matching
+    lookup: rows whose history has a prompt-lookup draft (lookup_batch, here from one matching
     token, so that most rounds have one) verify the copy, as the worker does: "one-hot" with
     q = one-hot (the worker's), "drafter-q" with the drafter's q left in place (BROKEN).
     gate: a pointer drafter's copy gate (pointer.py): each row's copy index of its history,
@@ -131,13 +131,11 @@ def run_domino(target: TinyTarget, head: HeadParams, rows: SamplingRows, verify,
                 q = sampled_rollout(z, x_t, head, rows, u.draft, candidate_pool=pool,
                                     temperature_scale=scale)[1]
         chain = torch.cat((x_t[:, None], drafts), dim=1)  # [n, B]
-        if lookup is not None:
-            looked = torch.zeros(n, dtype=torch.bool)
-            for i in range(n):
-                copy = lookup_draft(hist[i, :int(length[i])], B - 1, min_match=1)
-                if len(copy):
-                    looked[i] = True
-                    chain[i, 1:] = torch.cat((copy, copy.new_zeros(B - 1 - len(copy))))
+        if lookup is not None:  # every row's lookup draft at once, as the worker asks
+            copies, lengths = lookup_batch([hist[i, :n_i] for i, n_i in enumerate(length.tolist())],
+                                           B - 1, min_match=1)  # [n, B-1] padded -1, [n]
+            looked = lengths > 0
+            chain[:, 1:] = torch.where(looked[:, None], copies.clamp(min=0), chain[:, 1:])
             if lookup == "one-hot":
                 q = one_hot_proposal(chain[:, 1:], looked, q, V)
             run_domino.looked += int(looked.sum())
