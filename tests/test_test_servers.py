@@ -69,7 +69,7 @@ def test_a_dead_shared_server_is_a_failure_not_a_restart(pool):
     assert shared.url
     pool[0].proc.returncode = 1  # it died (a request killed it)
     with pytest.raises(AssertionError, match="server rel died .exit 1.:\nlog of rel"):
-        shared.url
+        _ = shared.url
     assert len(pool) == 1
 
 
