@@ -46,7 +46,7 @@ from compare_drafters import DEFAULT_DATA, add_eval_args, eval_records, offline_
 from domino_sglang.copyrule import copy_candidate as _copy_candidate  # noqa: E402
 from domino_sglang.pointer import copy_table, copy_wins, gate_inputs, log_gate  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"  # docs/results: study outputs
 MAX_MATCH = 12  # as lookup.py
 N_CLASSES = 6  # match lengths 1..5, 6+ as gate features
 

@@ -32,7 +32,7 @@ from compare_drafters import eval_records  # noqa: E402
 
 from domino_sglang.paths import shipped_drafter_dir, target_dir  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"  # docs/results: study outputs
 
 
 @torch.no_grad()

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # p
 import provenance  # noqa: E402
 from compare_drafters import add_eval_args, eval_records, offline_drafter  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"  # docs/results: study outputs
 BINS = (0.0, 0.3, 0.5, 0.7, 0.9)  # lower edges of the p_max bins
 
 

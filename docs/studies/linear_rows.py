@@ -20,9 +20,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # provenance, ..
 import provenance  # noqa: E402
-from serving import RESULTS  # noqa: E402
 
 from domino_sglang.cpu import linear  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"  # docs/results: study outputs
 
 # SmolLM2-135M: hidden 576, 9 query / 3 KV heads of 64, MLP 1536, vocabulary 49,152
 LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # [N, K] per layer

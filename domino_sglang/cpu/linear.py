@@ -68,7 +68,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
 # thread, AMD EPYC, SmolLM2-135M's 30 layers of linears + lm_head with the weights cold in cache
 # (what a forward sees), 15 interleaved repeats: 2 rows 28.5 ms median (min 25.6), the same 2
 # rows run as 4 23.7 (22.0), 4 rows 21.0 (19.1) (docs/studies/linear_rows.py,
-# results/linear_rows.md); 1 row gains nothing from it. Two rows
+# docs/results/linear_rows.md); 1 row gains nothing from it. Two rows
 # are a plain step at bs 2 and a 2-token verify (or draft) at bs 1: such a round measured
 # 51.4 ms of target forward against 46.8 ms for 3 tokens (debug round times, 2026-11-29).
 PADDED_ROWS = {2: 4}  # bf16 inputs of this many rows run as that many (their rows repeated)
