@@ -5,7 +5,10 @@ HumanEval round-robin) and keeps them all up (an idle server sleeps: --sleep-on-
 every temperature and concurrency, measures the methods back to back, in alternating order from
 one point to the next, so the machine's drift (this shared CPU's speed wanders by +-30% over tens
 of minutes) hits all methods alike. Each measurement streams `2 x concurrency` (at least
-`--min-requests`, 8) chat completions of exactly `--max-tokens` tokens (ignore_eos). Reported per
+`--min-requests`, 8) chat completions of exactly `--max-tokens` tokens (ignore_eos), after
+`--warmup` (1) unrecorded runs of each method at the point: a point's first run prefills its
+prompts cold and meets its batch size's first rounds, the others hit the prefix cache (the
+first of 4 repeats at c = 4 had TTFT p50 1.27 s, the next three 0.21-0.40 s). Reported per
 point:
 output tokens/s, TTFT p50, mean inter-token latency, tau (committed tokens per verify round, from
 sglang:spec_verify_calls_total), k (the adaptive policy's calibrated cost scale after the point,
@@ -98,15 +101,18 @@ def main() -> None:
                     help="serve every DOMINO method on this cost profile "
                          "(--speculative-domino-debug-cost, policy.py), e.g. a wrong one, to "
                          "see what calibration recovers")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="unrecorded runs of each method before each point's repeats (the first "
+                         "run of a prompt set prefills it cold; later ones hit the prefix cache)")
     ap.add_argument("--out", default="throughput")
     args = ap.parse_args()
     args.methods = list(dict.fromkeys(canonical(m) for m in args.methods))
     args.base_methods = list(dict.fromkeys(canonical(m) for m in args.base_methods))
     methods: dict[str, Method] = dict(METHODS)  # this run's, with --cost and -base variants
     if (min(args.concurrency) < 1 or args.max_tokens < 1 or min(args.temperatures) < 0
-            or args.repeats < 1 or args.min_requests < 1):
+            or args.repeats < 1 or args.min_requests < 1 or args.warmup < 0):
         ap.error("--concurrency, --max-tokens, --repeats and --min-requests must be >= 1, "
-                 "--temperatures >= 0")
+                 "--temperatures and --warmup >= 0")
 
     if args.cost is not None:
         from domino_sglang.options import BY_FIELD, DominoOptionError
@@ -148,7 +154,9 @@ def main() -> None:
             one_request(servers[m].url, "Hello!", 8)  # warm-up
         points = [(t, c) for t in args.temperatures for c in args.concurrency]
         runs = []
-        for i, (t, c) in enumerate(p for p in points for _ in range(args.repeats)):
+        plan = [(t, c, w < args.warmup) for t, c in points
+                for w in range(args.warmup + args.repeats)]
+        for i, (t, c, warmup) in enumerate(plan):
             order = args.methods if i % 2 == 0 else args.methods[::-1]
             for m in order:
                 time.sleep(args.settle)
@@ -156,7 +164,10 @@ def main() -> None:
                                   c, args.max_tokens, t)
                 point.pop("texts")
                 point.update(method=m, temperature=t, repeat=i)  # runs of one i are paired
-                runs.append(point)
+                if warmup:
+                    point["warmup"] = True
+                else:
+                    runs.append(point)
                 print(json.dumps(point), flush=True)
     for t, c in points:  # the median run (by output tokens/s) of each method at each point
         for m in args.methods:
@@ -177,10 +188,12 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     out = {"provenance": prov, "max_tokens": args.max_tokens, "dtype": args.dtype,
            "cost": args.cost,
-           "repeats": args.repeats, "drafter": drafter, "base_drafter": base_drafter,
+           "repeats": args.repeats, "warmup": args.warmup, "drafter": drafter,
+           "base_drafter": base_drafter,
            "rows": rows, "runs": runs}
     (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=2) + "\n")
     median = f", median of {args.repeats} runs" if args.repeats > 1 else ""
+    median += f" after {args.warmup} unrecorded" if args.warmup else ""
     cost = (f"- DOMINO methods on cost profile --speculative-domino-debug-cost {args.cost}\n"
             if args.cost else "")
     if base_drafter != drafter:
