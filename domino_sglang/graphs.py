@@ -1,17 +1,25 @@
 """Static-buffer runners for the draft side: one function over fixed-shape input buffers, replayed
 as a CUDA graph on CUDA, run eagerly on the same buffers elsewhere (issue 64, item 3).
 
-A `StaticRunner` owns its input buffers (one per named tensor, the shapes of one batch-size
-bucket); a call copies the round's inputs into them and either replays the captured graph or runs
-the function on them. Outputs are the runner's own buffers, overwritten by the next call. Torch
-only: benchmarks/gpu_check.py runs it on a bare CUDA machine.
+A `StaticRunner` owns (or is given) its input buffers, the shapes of one batch-size bucket; a call
+copies the round's inputs into them and either replays the captured graph or runs the function
+on them. Outputs are the runner's own, overwritten by its next call. `RolloutGraphs` keeps one
+runner per (batch bucket, L, ...) for the head rollout (greedy, sampled, with a pointer
+drafter's device copy path): rows beyond the batch are padding, their outputs dropped.
 
-Verified: on the CPU, the eager static-buffer path equals the dynamic call (tests/test_rollout.py,
-greedy / sampled / pointer rollouts). UNVERIFIED (no GPU in the session that wrote it): the CUDA
-capture path (`capture=True`) is written to torch's documented recipe (warm-up on a side stream,
-`torch.cuda.graph`, replay) and checked only by benchmarks/gpu_check.py, which has not yet run on
-a GPU. The worker does not use it yet: the served draft pass goes through SGLang's attention
-backend over the draft KV pool, whose graph capture this module does not cover.
+Where it runs: the worker (worker.py) uses RolloutGraphs on CUDA whenever the target's CUDA
+graphs are on (SGLang's `--disable-cuda-graph` turns them off too), and on the CPU under
+`--speculative-domino-debug-static-rollout on` (the same buffers, eagerly: the tests' view of
+the GPU path). The draft backbone pass is captured by SGLang's own draft graph runner
+(worker.init_cuda_graphs), not here. Torch only: benchmarks/gpu_check.py runs this module on a
+bare CUDA machine.
+
+Verified: on the CPU the static-buffer path, padding included, equals the dynamic rollout token
+for token and q for q (tests/test_graphs.py: greedy / sampled / pointer) and the served output
+equals plain decoding with it on (tests/test_domino_server.py). UNVERIFIED (no GPU in the
+sessions that wrote it): the CUDA capture itself (`capture=True`), written to torch's
+documented recipe (warm-up on a side stream, `torch.cuda.graph` with one shared memory pool,
+replay) and exercised only by benchmarks/gpu_check.py, which has not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -19,6 +27,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from domino_sglang.pointer import DevicePointerCopy
+from domino_sglang.rollout import HeadParams, greedy_rollout
+from domino_sglang.sampling import SamplingRows, sampled_rollout
 
 # SGLang's default CUDA-graph batch sizes start 1, 2, 4, 8, then every 8 (graph runner buckets);
 # a batch runs in the smallest bucket holding it, padded
@@ -34,13 +46,17 @@ def bucket_for(bs: int, buckets: tuple[int, ...] = BUCKETS) -> int | None:
 
 
 class StaticRunner:
-    """fn(**inputs) -> tuple of tensors, over static input buffers shaped like `example`."""
+    """fn(**inputs) -> tuple of tensors, over static input buffers: copies of `example`, or
+    `example`'s tensors themselves with `own=False` (buffers shared with other runners). `pool`:
+    a CUDA graph memory pool shared by runners that never replay concurrently."""
 
     def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]],
-                 example: dict[str, torch.Tensor], capture: bool, warmup: int = 2):
+                 example: dict[str, torch.Tensor], capture: bool, warmup: int = 2,
+                 own: bool = True, pool=None):
         self.fn = fn
-        self.inputs = {k: v.clone() for k, v in example.items()}
+        self.inputs = {k: v.clone() for k, v in example.items()} if own else dict(example)
         self.graph = None
+        self.outputs = None
         if capture:  # UNVERIFIED on a GPU (module docstring)
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -49,10 +65,8 @@ class StaticRunner:
                     fn(**self.inputs)
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            with torch.cuda.graph(self.graph, pool=pool):
                 self.outputs = fn(**self.inputs)
-        else:
-            self.outputs = None
 
     def __call__(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Copy `inputs` (same names, shapes and dtypes as the example) into the buffers and run."""
@@ -67,3 +81,180 @@ class StaticRunner:
         else:
             self.outputs = self.fn(**self.inputs)
         return self.outputs
+
+    def replay(self) -> tuple[torch.Tensor, ...]:
+        """Run over the buffers as they are (the caller filled them in place)."""
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.outputs = self.fn(**self.inputs)
+        return self.outputs
+
+
+# The sampled rollout's q [bucket, B-1, V] float32 is one buffer per bucket (q of bucket 64 at
+# Qwen3's 152k vocabulary would be 583 MB); larger sampled batches roll out eagerly.
+SAMPLED_MAX_BUCKET = 16
+_TOP_K_OFF = 1 << 30  # a padding row's top-k: no filter (top_k <= 1 would make it greedy)
+
+
+class RolloutGraphs:
+    """The head rollout (rollout.greedy_rollout, sampling.sampled_rollout) over static buffers:
+    one StaticRunner per (kind, batch bucket, L, sampling flags, logit bias), all of a bucket
+    reading the same input buffers (z [bucket, B, H], the sampling rows, a pointer drafter's
+    history [bucket, history_cap]) and, sampled, writing q into one buffer per bucket.
+
+    `capture`: CUDA graphs (one memory pool); greedy runners are captured at start-up
+    (`capture_greedy`), sampled ones on a key's first round. Without `capture` the same
+    runners run eagerly over the same buffers. Rows bs..bucket-1 are padding: every op of the
+    rollout is row-wise, so they never reach a real row, and their outputs are dropped.
+    `copy_gate`: a pointer drafter's gate, copy index on the device (pointer.DevicePointerCopy),
+    or None."""
+
+    def __init__(self, head: HeadParams, block: int, hidden: int, dtype: torch.dtype,
+                 device: torch.device | str, *, candidate_pool: int, use_head: bool,
+                 temperature_scale: float, copy_gate: torch.nn.Module | None,
+                 history_cap: int, capture: bool, buckets: tuple[int, ...] = BUCKETS):
+        self.head, self.block, self.hidden, self.dtype = head, block, hidden, dtype
+        self.device = torch.device(device)
+        self.candidate_pool, self.use_head = candidate_pool, use_head
+        self.temperature_scale, self.copy_gate = temperature_scale, copy_gate
+        self.history_cap, self.capture, self.buckets = history_cap, capture, buckets
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.buffers: dict[int, dict[str, torch.Tensor]] = {}  # bucket -> name -> buffer
+        self.runners: dict[tuple, StaticRunner] = {}
+
+    def eager_reason(self, bs: int, sampled: bool, history_len: int | None = None) -> str | None:
+        """Why a round of bs requests cannot use the runners (a label of
+        domino_eager_rounds_total), or None when it can."""
+        bucket = bucket_for(bs, self.buckets)
+        if bucket is None:
+            return "batch_size"
+        if sampled and bucket > SAMPLED_MAX_BUCKET:
+            return "sampled_batch_size"
+        if history_len is not None and history_len > self.history_cap:
+            return "history_length"
+        return None
+
+    # ---- the two rollouts ----
+    def greedy(self, z: torch.Tensor, bonus: torch.Tensor, history: torch.Tensor | None = None,
+               lens: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """greedy_rollout's (chain [bs, L-1], base picks [bs, L-1]) and, with the copy path
+        (history [bs, T], lens [bs]), its copied positions [bs, L-1] bool; z [bs, L, H]."""
+        bs, length = z.shape[0], z.shape[1]
+        bucket = bucket_for(bs, self.buckets)
+        self._fill(bucket, z, bonus, history, lens)
+        out = self.runner(("greedy", bucket, length)).replay()
+        return out[0][:bs], out[1][:bs], out[2][:bs] if len(out) > 2 else None
+
+    def sampled(self, z: torch.Tensor, bonus: torch.Tensor, rows: SamplingRows,
+                u_draft: torch.Tensor, logit_bias: torch.Tensor | None = None,
+                history: torch.Tensor | None = None, lens: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """sampled_rollout's (drafts [bs, L-1], q [bs, L-1, V]); z [bs, L, H], u_draft
+        [bs, L-1], logit_bias [bs, V] or None. q is a view of the bucket's buffer, valid until
+        the next sampled rollout of that bucket."""
+        bs, length = z.shape[0], z.shape[1]
+        bucket = bucket_for(bs, self.buckets)
+        bufs = self._fill(bucket, z, bonus, history, lens)
+        for name in ("temperature", "top_k", "top_p", "min_p", "seed"):
+            bufs[name][:bs].copy_(getattr(rows, name))
+        bufs["u"][:bs, :length - 1].copy_(u_draft)
+        if logit_bias is not None:
+            self._buffer(bucket, "bias", (self.head.vocab_size,), torch.float32, 0)[:bs].copy_(
+                logit_bias)
+        self._buffer(bucket, "q", (self.block - 1, self.head.vocab_size), torch.float32, 0)
+        key = ("sampled", bucket, length, rows.need_sort, rows.need_min_p, rows.has_greedy,
+               logit_bias is not None)
+        drafts, q = self.runner(key).replay()
+        return drafts[:bs], q[:bs]
+
+    def capture_greedy(self, max_bs: int) -> int:
+        """Build (capture) every greedy runner of the buckets up to max_bs, L = 2..B: the
+        number built."""
+        keys = [("greedy", b, n) for b in self.buckets if b <= max_bs
+                for n in range(2, self.block + 1)]
+        for key in keys:
+            self.runner(key)
+        return len(keys)
+
+    # ---- buffers and runners ----
+    def _buffer(self, bucket: int, name: str, shape: tuple[int, ...], dtype: torch.dtype,
+                fill: float) -> torch.Tensor:
+        bufs = self.buffers.setdefault(bucket, {})
+        if name not in bufs:
+            bufs[name] = torch.full((bucket, *shape), fill, dtype=dtype, device=self.device)
+        return bufs[name]
+
+    def _fill(self, bucket: int, z: torch.Tensor, bonus: torch.Tensor,
+              history: torch.Tensor | None, lens: torch.Tensor | None
+              ) -> dict[str, torch.Tensor]:
+        bs, length = z.shape[0], z.shape[1]
+        self._inputs(bucket)
+        bufs = self.buffers[bucket]
+        bufs["z"][:bs, :length].copy_(z)
+        bufs["bonus"][:bs].copy_(bonus)
+        if history is not None:
+            bufs["history"][:bs, :history.shape[1]].copy_(history)
+            bufs["lens"][:bs].copy_(lens)
+        return bufs
+
+    def _inputs(self, bucket: int) -> None:
+        """A bucket's input buffers, padding rows set to harmless values (a temperature of 1,
+        no top-k / top-p / min-p filter, a one-token history)."""
+        b = self._buffer
+        b(bucket, "z", (self.block, self.hidden), self.dtype, 0)
+        b(bucket, "bonus", (), torch.int64, 0)
+        for name, fill in (("temperature", 1.0), ("top_p", 1.0), ("min_p", 0.0)):
+            b(bucket, name, (), torch.float32, fill)
+        b(bucket, "top_k", (), torch.int64, _TOP_K_OFF)
+        b(bucket, "seed", (), torch.int64, 0)
+        b(bucket, "u", (self.block - 1,), torch.float32, 0.5)
+        if self.copy_gate is not None:
+            b(bucket, "history", (self.history_cap,), torch.int64, 0)
+            b(bucket, "lens", (), torch.int64, 1)
+
+    def runner(self, key: tuple) -> StaticRunner:
+        """The runner of `key`, built (captured) on first use."""
+        found = self.runners.get(key)
+        if found is None:
+            found = self.runners[key] = self._build(key)
+        return found
+
+    def _build(self, key: tuple) -> StaticRunner:
+        kind, bucket, length = key[:3]
+        self._inputs(bucket)
+        bufs = self.buffers[bucket]
+        n = length - 1
+        inputs = {"z": bufs["z"][:, :length], "bonus": bufs["bonus"]}
+        if self.copy_gate is not None:
+            inputs.update(history=bufs["history"], lens=bufs["lens"])
+        head, pool, use_head = self.head, self.candidate_pool, self.use_head
+        gate = self.copy_gate
+
+        def copy_path(history, lens):
+            return None if gate is None else DevicePointerCopy(gate, history, lens, n)
+
+        if kind == "greedy":
+            def fn(z, bonus, history=None, lens=None):
+                copy = copy_path(history, lens)
+                chain, picks = greedy_rollout(z, bonus, head, pool, use_head=use_head,
+                                              return_base_pick=True, copy=copy)
+                return (chain, picks) if copy is None else (chain, picks, copy.copied())
+        else:
+            need_sort, need_min_p, has_greedy, bias = key[3:]
+            inputs.update({name: bufs[name] for name in
+                           ("temperature", "top_k", "top_p", "min_p", "seed")})
+            inputs.update(u=bufs["u"][:, :n], q=bufs["q"][:, :n])
+            if bias:
+                inputs["logit_bias"] = bufs["bias"]
+            scale = self.temperature_scale
+
+            def fn(z, bonus, temperature, top_k, top_p, min_p, seed, u, q, logit_bias=None,
+                   history=None, lens=None):
+                rows = SamplingRows(temperature, top_k, top_p, min_p, seed, need_sort,
+                                    need_min_p, has_greedy)
+                return sampled_rollout(z, bonus, head, rows, u, pool, use_head=use_head,
+                                       logit_bias=logit_bias, temperature_scale=scale,
+                                       copy=copy_path(history, lens), out=q)
+        return StaticRunner(fn, inputs, capture=self.capture, own=False, pool=self.pool)

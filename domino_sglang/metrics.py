@@ -183,6 +183,13 @@ class DominoMetrics:
             "fallback_requests_total",
             "Request-rounds decoded without speculation (L = 1), by `reason`.",
             ("reason",))
+        self.eager_rounds = counter(
+            "eager_rounds_total",
+            "Rounds (or a round's part) that ran eagerly on a server with CUDA graphs, by "
+            "`reason`: draft_pass (SGLang's draft graph runner declined the batch), batch_size "
+            "/ sampled_batch_size / history_length (the head rollout's graphs have no bucket "
+            "for it), host_copy_index, plain_verify (a plain round without the width-1 verify "
+            "graphs).", ("reason",))
         self.draft_time = histogram(
             "draft_seconds", "Wall time of one round's draft (backbone + head rollout).",
             TIME_BUCKETS)
@@ -364,6 +371,11 @@ class DominoMetrics:
         """Requests decoded without speculation (e.g. the adaptive policy chose L = 1)."""
         if self.enabled and requests:
             self.fallbacks.labels(**self.labels, reason=reason).inc(requests)
+
+    def record_eager(self, reason: str) -> None:
+        """A round part run eagerly where CUDA graphs are on (eager_rounds_total)."""
+        if self.enabled:
+            self.eager_rounds.labels(**self.labels, reason=reason).inc()
 
     def _position(self, p: int):
         if p <= len(self._at):

@@ -152,6 +152,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("plain_decode", parse_bool, ONOFF,
          "plain rounds (L = 1) run the target's DECODE forward; off = a one-token verify "
          "(benchmarks/round_cost.py --plain-verify). Default on.", debug=True),
+    Flag("static_rollout", parse_bool, ONOFF,
+         "the head rollout over static per-batch-bucket buffers (graphs.py) where no CUDA "
+         "graphs capture it, e.g. on the CPU (tests); default: exactly where they do (CUDA "
+         "with SGLang's CUDA graphs on).", debug=True),
     Flag("sync_log", _text, "PATH",
          "count host synchronisations of every decode round, one JSON line per round to PATH "
          "(tests/test_sync_budget.py). Default: not counted.", debug=True),
@@ -179,6 +183,7 @@ class DominoConfig:
     cost: tuple[float, float, float] | None = None
     calibrate: bool = True
     plain_decode: bool = True
+    static_rollout: bool | None = None  # None: where CUDA graphs capture it
     sync_log: str | None = None
 
     def line(self) -> str:

@@ -226,14 +226,19 @@ def pointer_sample(copy: PointerCopy, i: int, logits: torch.Tensor,
 def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows: SamplingRows,
                     u_draft: torch.Tensor, candidate_pool: int = 0, use_head: bool = True,
                     logit_bias: torch.Tensor | None = None, temperature_scale: float = 1.0,
-                    copy: PointerCopy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    copy: PointerCopy | None = None, out: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sampled chain: drafts [bs, n] and the distributions they were drawn from, q [bs, n, V].
 
     z [bs, B, H], bonus [bs] (x_t), u_draft [bs, n], logit_bias [bs, V] (the request's, added
     to every draft logit as the target gets it). With a candidate pool, q is zero outside it.
     temperature_scale: q at temperature T * scale (module docstring). copy: a pointer
-    drafter's copy path: every q is mixed with the copy candidate (pointer_sample).
+    drafter's copy path: every q is mixed with the copy candidate (pointer_sample). out: a
+    float32 [bs, n, V] buffer q is written into (graphs.RolloutGraphs: one per batch bucket).
     """
+    if out is not None and (out.shape[0] != z.shape[0] or out.shape[1] != z.shape[1] - 1):
+        raise ValueError(f"sampled_rollout: out has shape {tuple(out.shape)}, q needs "
+                         f"[{z.shape[0]}, {z.shape[1] - 1}, V]")
     rows = rows.tempered(temperature_scale)
     base = base_logits(z, head)  # [bs, n, V] fp32 ([bs, n, Vd] over a draft vocabulary)
     if logit_bias is not None:
@@ -245,14 +250,18 @@ def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows
     if not use_head and copy is None:
         qd = process_logits(base.reshape(-1, base.shape[2]), rows.repeat(n))
         drafts = head.token_ids(sample_from(qd, u_draft.reshape(-1))).view(-1, n)
-        return drafts, spread(qd, head).view(-1, n, vocab)
+        q = spread(qd, head).view(-1, n, vocab)
+        return drafts, q if out is None else out.copy_(q)
     if not use_head:  # backbone only, position by position: the copies depend on the chain
-        out = [pointer_sample(copy, i, base[:, i], process_logits(base[:, i], rows), rows,
-                              u_draft[:, i], head) for i in range(n)]
-        return torch.stack([d for d, _ in out], dim=1), torch.stack([q for _, q in out], dim=1)
+        picks = [pointer_sample(copy, i, base[:, i], process_logits(base[:, i], rows), rows,
+                                u_draft[:, i], head) for i in range(n)]
+        q = torch.stack([q for _, q in picks], dim=1)
+        return torch.stack([d for d, _ in picks], dim=1), q if out is None else out.copy_(q)
     cand = make_candidates(base, head, candidate_pool)
-    q = base.new_zeros(base.shape[0], n, vocab)  # [bs, n, V]; with a pool, q_i (i >= 1) is 0
-    q0 = process_logits(base[:, 0], rows)  # outside it; with a draft vocabulary, outside that
+    # q [bs, n, V]; with a pool, q_i (i >= 1) is 0 outside it; with a draft vocabulary, outside
+    # that
+    q = base.new_zeros(base.shape[0], n, vocab) if out is None else out.zero_()
+    q0 = process_logits(base[:, 0], rows)
     if copy is not None:
         d0, q[:, 0] = pointer_sample(copy, 0, base[:, 0], q0, rows, u_draft[:, 0], head)
         drafts = [d0]

@@ -63,12 +63,13 @@ __all__ = [
     "BaseSpecWorker", "CaptureHiddenMode", "DFlashVerifyInput", "ForwardBatch", "ForwardMode",
     "GenerationBatchResult", "GrammarTree", "HTTP_SERVER", "KVWriteLoc", "LAZY", "SGLANG_VERSION",
     "TOUCHPOINTS", "apply_custom_logit_processor", "apply_scaling_penalties",
-    "assign_extend_cache_locs_func", "batch_round_state", "build_draft_tp_worker",
+    "assign_extend_cache_locs_func", "batch_round_state", "bound_runtime",
+    "build_draft_tp_worker", "decode_graph_batch_sizes",
     "build_grammar_vocab_mask", "compute_spec_logprobs", "get_bool_env_var", "get_observability",
     "get_parallel", "get_server_args", "get_serving", "get_spec", "host_lens_grown",
     "loaded_http_server", "make_draft_block_spec_info", "make_draft_input_v2",
     "register_draft_architecture", "register_hooks", "register_spec_algorithm",
-    "sanitize_nan_logits", "supports_sampling_mask",
+    "sanitize_nan_logits", "supports_sampling_mask", "verify_graph_runtime",
 ]  # plus the lazy re-exports of LAZY (not listed: `import *` would import them all)
 
 # The ScheduleBatch fields a plain round (decode_forward) sets for SGLang's own DECODE forward
@@ -135,7 +136,10 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
             "forward_mode", "batch_size", "input_ids", "req_pool_indices", "seq_lens",
             "out_cache_loc", "seq_lens_sum", "seq_lens_cpu", "positions", "input_embeds",
             "spec_algorithm", "spec_info", "capture_hidden_mode",
+            "global_num_token_non_padded_cpu",
             "extend_prefix_lens", "extend_seq_lens"),  # + cpu/attention.py
+        "sglang.srt.model_executor.model_runner.ModelRunnerOutput": (
+            "logits_output", "can_run_graph"),
         "sglang.srt.speculative.dflash_info.DFlashVerifyInput": (
             "draft_token", "positions", "draft_token_num", "custom_mask", "capture_hidden_mode"),
         "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo": (
@@ -164,6 +168,13 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
             "capture_hidden_mode"),
         "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.register": (
             "supports_overlap", "spec_class"),
+        # the CUDA graphs (issue 64): the draft pass, the width-1 verify
+        "sglang.srt.managers.tp_worker.TpModelWorker.init_cuda_graphs": (
+            "capture_decode_cuda_graph",),
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner": (
+            "attn_backend", "speculative_num_draft_tokens"),
+        "sglang.srt.model_executor.model_runner.ModelRunner._get_attention_backend": (
+            "init_new_workspace",),
         # model.py
         "sglang.srt.layers.radix_attention.RadixAttention": ("layer_id", "attn_type", "prefix"),
         "sglang.srt.layers.logits_processor.LogitsProcessorOutput": (
@@ -180,6 +191,7 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
             "DECODE", "TARGET_VERIFY", "is_idle", "is_decode", "is_target_verify"),
         "sglang.srt.model_executor.forward_batch_info.CaptureHiddenMode": ("FULL", "NULL"),
         "sglang.srt.speculative.spec_utils.GrammarTree": ("from_linear_chain",),
+        "sglang.srt.model_executor.cuda_graph_config.Backend": ("DISABLED",),
         "sglang.srt.models.registry.ModelRegistry": ("models",),
         "sglang.srt.plugins.hook_registry.HookRegistry": ("register",),
         "sglang.srt.plugins.hook_registry.HookType": ("BEFORE", "AFTER"),
@@ -190,7 +202,7 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
             "set_kv_buffer", "get_key_buffer", "get_value_buffer"),
         # config.py, metrics.py: what SGLang published for this process
         "sglang.srt.runtime_context": (
-            "get_server_args", "get_observability", "get_parallel", "get_serving"),
+            "get_server_args", "get_observability", "get_parallel", "get_serving", "get_exec"),
         # guards.py
         HTTP_SERVER: ("app", "launch_server"),
         # cpu/attention.py
@@ -211,6 +223,8 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.cli.main": ("main",),
     },
     "init assigns": {
+        # verify_graph_runtime: restored around the attention backend's construction
+        "sglang.srt.model_executor.model_runner.ModelRunner": ("init_new_workspace",),
         "sglang.srt.managers.schedule_batch.Req": (
             "rid", "origin_input_ids", "output_ids", "sampling_params", "custom_logit_processor"),
         # cpu/attention.py: the layer attributes the backend reads
@@ -222,6 +236,9 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
             "use_fp32_lm_head", "rl_on_policy_target"),
     },
     "class assigns": {
+        # bound_runtime: the width-1 verify runtime swapped in for a plain round
+        "sglang.srt.model_executor.model_runner.ModelRunner": (
+            "attn_backend", "decode_cuda_graph_runner"),
         # guards.py (model_config.vocab_size), algorithm.py (server_args)
         "sglang.srt.managers.tokenizer_manager.TokenizerManager": ("model_config", "server_args"),
     },
@@ -266,6 +283,50 @@ def host_lens_grown(batch, width: int) -> Iterator[None]:
         yield
     finally:
         batch.seq_lens_cpu, batch.seq_lens_sum = saved
+
+
+def decode_graph_batch_sizes(device) -> tuple[int, ...]:
+    """The batch sizes SGLang captures decode CUDA graphs for, smallest first; () where it
+    captures none (not CUDA, `--disable-cuda-graph`, or its graph backend off)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return ()
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang.srt.runtime_context import get_exec
+
+    decode = get_exec().graph.cuda_graph_config.decode
+    return () if decode.backend == Backend.DISABLED else tuple(sorted(decode.bs))
+
+
+def verify_graph_runtime(model_runner, width: int) -> tuple:
+    """A second target runtime whose CUDA graphs verify `width` tokens per request: (attention
+    backend with its own workspace, SGLang's DecodeCudaGraphRunner captured for TARGET_VERIFY at
+    that width), as SGLang's adaptive EAGLE worker builds one per step count. UNVERIFIED on a
+    GPU (issue 64, item 4)."""
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+    saved = model_runner.init_new_workspace
+    try:
+        backend = model_runner._get_attention_backend(init_new_workspace=True)
+    finally:
+        model_runner.init_new_workspace = saved
+    runner = DecodeCudaGraphRunner(model_runner, attn_backend=backend,
+                                   speculative_num_draft_tokens=width)
+    return backend, runner
+
+
+@contextlib.contextmanager
+def bound_runtime(model_runner, runtime: tuple) -> Iterator[None]:
+    """The target's attention backend and decode graph runner swapped for `runtime`'s
+    (verify_graph_runtime) while a forward is built and run, restored after (SGLang's UNO
+    worker binds its draft runtime the same way)."""
+    saved = model_runner.attn_backend, model_runner.decode_cuda_graph_runner
+    model_runner.attn_backend, model_runner.decode_cuda_graph_runner = runtime
+    try:
+        yield
+    finally:
+        model_runner.attn_backend, model_runner.decode_cuda_graph_runner = saved
 
 
 def register_draft_architecture(architecture: str, model_class: type) -> None:

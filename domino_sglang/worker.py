@@ -32,6 +32,7 @@ from domino_sglang.config import (
 from domino_sglang.context import DeferredContext
 from domino_sglang.cpu import linear as cpu_linear
 from domino_sglang.cpu.argmax import argmax
+from domino_sglang.graphs import BUCKETS, RolloutGraphs
 from domino_sglang.lookup import PromptLookup
 from domino_sglang.metrics import DominoMetrics
 from domino_sglang.model import sglang_draft_model_class
@@ -68,9 +69,11 @@ from domino_sglang.sglang_compat import (
     apply_scaling_penalties,
     assign_extend_cache_locs_func,
     batch_round_state,
+    bound_runtime,
     build_draft_tp_worker,
     build_grammar_vocab_mask,
     compute_spec_logprobs,
+    decode_graph_batch_sizes,
     get_bool_env_var,
     get_spec,
     host_lens_grown,
@@ -78,6 +81,7 @@ from domino_sglang.sglang_compat import (
     make_draft_input_v2,
     register_draft_architecture,
     sanitize_nan_logits,
+    verify_graph_runtime,
 )
 from domino_sglang.verify import one_hot_proposal, verify_greedy, verify_mixed
 from domino_sglang.vocab import load_draft_vocab, load_draft_vocab_file
@@ -190,6 +194,11 @@ class DominoWorker(BaseSpecWorker):
                                    short_draft=self.short_draft)
         self.policy = SpeculationPolicy.from_config(opts, cost)  # adaptive off: fixed block
         self._plain_decode: bool | None = None  # see plain_decode_forward
+        # CUDA graphs (init_cuda_graphs): whether SGLang's draft graph runner captured the draft
+        # pass, the head rollout's static runners, and the target's width-1 verify runtime
+        self.graph_bs: tuple[int, ...] = ()
+        self.rollout_graphs: RolloutGraphs | None = None
+        self.width_one: tuple | None = None
         # the round's stages besides the worker's own: the plan (L, copies; planner.py) and what
         # the round teaches the metrics and the policy (observer.py)
         self.planner = RoundPlanner(
@@ -233,9 +242,34 @@ class DominoWorker(BaseSpecWorker):
         self._draft_worker.init_attention_backends()
 
     def init_cuda_graphs(self):
-        # The draft runs eagerly (its graph runners are still initialised, as SGLang expects);
-        # the rollout has static shapes, so capturing it is future work on GPU.
-        self._draft_worker.init_cuda_graphs(capture_decode_cuda_graph=False)
+        """After the target's graphs (the scheduler's order), where SGLang captures decode
+        graphs (CUDA, no --disable-cuda-graph), at its batch sizes: the draft pass by SGLang's
+        own draft graph runner (TARGET_VERIFY at width B, as its DFLASH worker does), the head
+        rollout's static runners (graphs.py: greedy now, sampled on a key's first round), and a
+        width-1 target verify for plain rounds (plain_round_runtime). Elsewhere nothing is
+        captured; --speculative-domino-debug-static-rollout on runs the rollout's runners
+        eagerly. UNVERIFIED on a GPU: no session that wrote it had one (README, GPU)."""
+        self.graph_bs = graph_bs = decode_graph_batch_sizes(self.device)
+        self._draft_worker.init_cuda_graphs(capture_decode_cuda_graph=bool(graph_bs))
+        static = self.options.static_rollout
+        if static or (static is None and graph_bs):
+            gate = self.copy_gate if self.device_histories is not None else None
+            self.rollout_graphs = RolloutGraphs(
+                self.head, self.block_size, self.conf.hidden_size, self.draft_model_runner.dtype,
+                self.device, candidate_pool=self.candidate_pool, use_head=self.use_head,
+                temperature_scale=self.draft_temperature_scale, copy_gate=gate,
+                history_cap=self.model_runner.model_config.context_len,
+                capture=bool(graph_bs), buckets=graph_bs or BUCKETS)
+            if graph_bs:
+                built = self.rollout_graphs.capture_greedy(max(graph_bs))
+                logger.info("DOMINO: %d greedy head-rollout CUDA graphs captured (batch sizes "
+                            "%s, L = 2..%d)", built, list(graph_bs), self.block_size)
+            else:
+                logger.info("DOMINO: head rollout over static buffers, run eagerly (no CUDA "
+                            "graphs here)")
+        if graph_bs and self.model_runner.decode_cuda_graph_runner is not None:
+            self.width_one = verify_graph_runtime(self.model_runner, width=1)
+            logger.info("DOMINO: width-1 target verify CUDA graphs captured for plain rounds")
 
     def clear_cache_pool(self):
         # the draft KV shares the target's allocator; only held context rows are ours
@@ -409,6 +443,13 @@ class DominoWorker(BaseSpecWorker):
         grammar = GrammarTree.from_linear_chain(chain) if batch.has_grammar else None
         if plan.length == 1 and self.plain_decode_forward:
             logits_output, hidden = self.decode_forward(batch, chain, slots)
+        elif plan.length == 1 and self.graph_bs:  # the target replays graphs: width-1 ones
+            if self.width_one is None:
+                self.metrics.record_eager("plain_verify")
+                logits_output, hidden = self.verify_forward(batch, chain, positions, slots)
+            else:
+                with bound_runtime(self.model_runner, self.width_one):
+                    logits_output, hidden = self.verify_forward(batch, chain, positions, slots)
         else:
             logits_output, hidden = self.verify_forward(batch, chain, positions, slots)
         logits = self.target_logits(batch, logits_output, grammar, grammar_barrier)  # [bs,L,V]
@@ -455,41 +496,73 @@ class DominoWorker(BaseSpecWorker):
         from q; a pointer drafter mixes in its copy path (pointer_copy). Proposal.drafts: q
         [bs, L-1, V] (sampled) or the backbone's argmax picks [bs, L-1] (greedy, metrics).
         The pass drafts the whole [bs, B] block, or with `short_draft` (a drafter trained on
-        short blocks) only the L tokens verified: [x_t, MASK x (L-1)], a cheaper pass."""
+        short blocks) only the L tokens verified: [x_t, MASK x (L-1)], a cheaper pass. The
+        rollout replays its CUDA graphs where it has them (static_rollout)."""
         width = block if self.short_draft else self.block_size  # W, the tokens drafted
         z = self.draft_block(batch, chain[:, :width], positions[:, :width].reshape(-1),
                              slots[:, :width].reshape(-1))  # [bs, W, H]
         z = z[:, :block]  # [bs, L, H]: the head at position i reads z_i only
-        copy = (self.pointer_copy(batch, chain[:, 0], block - 1) if self.copy_gate is not None
-                else None)
+        bonus = chain[:, 0]
+        if self.rollout_graphs is not None:
+            proposal = self.static_rollout(batch, z, chain, block, rows, u)
+            if proposal is not None:
+                return proposal
+        copy = self.pointer_copy(batch, bonus, block - 1) if self.copy_gate is not None else None
         if rows is not None:
             chain[:, 1:block], q = sampled_rollout(
-                z, chain[:, 0], self.head, rows, u.draft, self.candidate_pool,
+                z, bonus, self.head, rows, u.draft, self.candidate_pool,
                 use_head=self.use_head, logit_bias=batch.sampling_info.logit_bias,
                 temperature_scale=self.draft_temperature_scale, copy=copy)
             return Proposal(q, None, copy is not None)
         chain[:, 1:block], base_pick = greedy_rollout(
-            z, chain[:, 0], self.head, self.candidate_pool, use_head=self.use_head,
+            z, bonus, self.head, self.candidate_pool, use_head=self.use_head,
             return_base_pick=True, copy=copy)
         return Proposal(base_pick, None if copy is None else copy.copied(), copy is not None)
 
+    def static_rollout(self, batch, z, chain, block: int, rows, u) -> Proposal | None:
+        """The head rollout through graphs.RolloutGraphs (CUDA graphs replayed, or the same
+        static buffers run eagerly), or None when the round does not fit them (the reason
+        counted in domino_eager_rounds_total)."""
+        bonus, pointer = chain[:, 0], self.copy_gate is not None
+        history = lens = None
+        if pointer and self.device_histories is None:
+            reason = "host_copy_index"
+        else:
+            if pointer:
+                history, lens = self.copy_history(batch, bonus)
+            reason = self.rollout_graphs.eager_reason(
+                len(batch.reqs), rows is not None, None if history is None else history.shape[1])
+        if reason is not None:
+            self.metrics.record_eager(reason)
+            return None
+        if rows is not None:
+            chain[:, 1:block], q = self.rollout_graphs.sampled(
+                z, bonus, rows, u.draft, batch.sampling_info.logit_bias, history, lens)
+            return Proposal(q, None, pointer)
+        chain[:, 1:block], base_pick, copied = self.rollout_graphs.greedy(z, bonus, history,
+                                                                          lens)
+        return Proposal(base_pick, copied, pointer)
+
+    def copy_history(self, batch, bonus: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A pointer drafter's device copy index for this round: every request's prompt +
+        output, x_t last (history [bs, T], lens [bs]; DeviceHistories, one host-to-device copy,
+        no synchronisation). A request whose recorded output does not end in x_t (it would:
+        rounds run synchronously) copies from x_t and its chain only, as CopyIndex does."""
+        history, lens = self.device_histories.update(batch.reqs)  # [bs, T], [bs]
+        last = history.gather(1, (lens - 1).clamp(min=0)[:, None]).squeeze(1)
+        ok = (lens > 0) & (last == bonus)  # else: [x_t] alone
+        history = history.clone()
+        history[:, 0] = torch.where(ok, history[:, 0], bonus.to(history.dtype))
+        return history, torch.where(ok, lens, torch.ones_like(lens))
 
     def pointer_copy(self, batch, bonus: torch.Tensor, n: int) -> PointerCopy:
         """A pointer drafter's copy path for this round (pointer.py) over n positions: each
         request's copy index brought up to its prompt + output (x_t last; only the new tokens
-        are indexed), the indexes of requests that left the batch dropped. A request whose
-        recorded output does not end in x_t (it would: rounds run synchronously) copies from
-        x_t and its chain only. On the device (copy_index_on_device): DeviceHistories and
-        DevicePointerCopy, one host-to-device copy and no synchronisation; on the host:
-        CopyIndex, a read of x_t and host lookups per position."""
+        are indexed), the indexes of requests that left the batch dropped. On the device
+        (copy_index_on_device): copy_history and DevicePointerCopy, no synchronisation; on the
+        host: CopyIndex, a read of x_t and host lookups per position."""
         if self.device_histories is not None:
-            history, lens = self.device_histories.update(batch.reqs)  # [bs, T], [bs]
-            last = history.gather(1, (lens - 1).clamp(min=0)[:, None]).squeeze(1)
-            ok = (lens > 0) & (last == bonus)  # else: [x_t] alone, as CopyIndex does
-            history = history.clone()
-            history[:, 0] = torch.where(ok, history[:, 0], bonus.to(history.dtype))
-            lens = torch.where(ok, lens, torch.ones_like(lens))
-            return DevicePointerCopy(self.copy_gate, history, lens, n)
+            return DevicePointerCopy(self.copy_gate, *self.copy_history(batch, bonus), n)
         indexes = []
         for req, x_t in zip(batch.reqs, bonus.tolist()):
             history = req.origin_input_ids + req.output_ids
@@ -605,9 +678,12 @@ class DominoWorker(BaseSpecWorker):
             spec_algorithm=self.model_runner.spec_algorithm,
             spec_info=make_draft_block_spec_info(draft_token_num=block, device=self.device),
             capture_hidden_mode=CaptureHiddenMode.NULL,
+            global_num_token_non_padded_cpu=bs * block,
         )
         with torch.inference_mode():
             out = self.draft_model_runner.forward(fb)
+        if self.graph_bs and not out.can_run_graph:  # e.g. a short draft, a batch over the sizes
+            self.metrics.record_eager("draft_pass")
         return out.logits_output.hidden_states.view(bs, block, -1)
 
     def verify_forward(self, batch, chain, positions, slots):

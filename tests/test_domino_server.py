@@ -108,7 +108,7 @@ def test_lossless_greedy(request, server_name, chat_ids, reference):
 
 
 @pytest.fixture(scope="module")
-def pointer_server(target_path, random_drafter, tmp_path_factory):
+def pointer_drafter(random_drafter, tmp_path_factory):
     """The random drafter as a pointer-generator drafter (pointer.py) whose gate (b = 3,
     g = 0.95) drafts the copy candidate wherever the history has one."""
     import json
@@ -123,9 +123,15 @@ def pointer_server(target_path, random_drafter, tmp_path_factory):
                             cfg["hidden_size"], bias=3.0)
     folder = tmp_path_factory.mktemp("drafters") / "pointer16"
     save_drafter(folder, cfg, weights)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def pointer_server(pointer_drafter):
     # fixed block, no prompt lookup: every round drafts, and only the pointer copies
-    with _domino("domino-pointer", folder, ["--speculative-domino-adaptive", "off",
-                                            "--speculative-domino-lookup", "off"]) as server:
+    with _domino("domino-pointer", pointer_drafter, ["--speculative-domino-adaptive", "off",
+                                                     "--speculative-domino-lookup", "off"]
+                 ) as server:
         yield server
 
 
@@ -160,3 +166,42 @@ def test_lossless_greedy_pointer_drafter(pointer_server, chat_ids, reference):
                                                       "ignore_eos": True}}, timeout=600)
     r.raise_for_status()
     assert len(r.json()["output_ids"]) == 24
+
+
+def test_static_rollout_is_lossless(pointer_drafter, chat_ids, reference):
+    """The head rollout over static per-bucket buffers (graphs.RolloutGraphs: what a GPU server
+    replays as CUDA graphs), run eagerly here, with the pointer drafter's device copy index
+    and draft lengths varying round to round (L = 16, 3, 7, 2 by committed length): greedy
+    output token for token, one at a time and 8 at once (padded to bucket 8); sampled requests
+    (temperature, then top-k / top-p) drafted through it; no round fell back to the dynamic
+    path (domino_eager_rounds_total)."""
+    from tests.test_observability_server import delta, scrape
+
+    extra = ["--speculative-domino-debug-static-rollout", "on",
+             "--speculative-domino-debug-copy-index", "device",
+             "--speculative-domino-debug-draft-len", "16,3,7,2",
+             "--speculative-domino-lookup", "off", "--enable-metrics"]
+    ref_ids, _ = reference
+    with _domino("domino-static", pointer_drafter, extra) as server:
+        before = scrape(server)
+        assert [generate(server, ids)["output_ids"] for ids in chat_ids[:4]] == ref_ids[:4]
+        with ThreadPoolExecutor(8) as pool:
+            together = list(pool.map(lambda ids: generate(server, ids), chat_ids))
+        assert [r["output_ids"] for r in together] == ref_ids
+        for params in ({"temperature": 0.8}, {"temperature": 0.7, "top_k": 20, "top_p": 0.9}):
+            r = requests.post(f"{server.url}/generate", json={
+                "input_ids": chat_ids[1], "sampling_params": {
+                    **params, "max_new_tokens": 24, "ignore_eos": True}}, timeout=600)
+            r.raise_for_status()
+            assert len(r.json()["output_ids"]) == 24
+        after = scrape(server)
+        assert "head rollout over static buffers" in server.log()
+    # the drafts came through it: the pointer's copies are accepted (a broken static rollout
+    # would still be lossless, with tau ~ 1)
+    meta = [r["meta_info"] for r in together]
+    tau = sum(m["completion_tokens"] for m in meta) / sum(m["spec_verify_ct"] for m in meta)
+    print(f"\nstatic rollout: tau {tau:.3f}")
+    assert tau > 1.05
+    eager = {k: v for k, v in after.items() if k[0] == "domino_eager_rounds_total"}
+    assert sum(eager.values()) == 0, eager  # e.g. reason="host_copy_index" with the host index
+    assert delta(after, before, "domino_rounds_total", 'kind="draft"') > 20

@@ -85,6 +85,11 @@ def test_record_round_counts():
     assert value(reg, "domino_draft_length_bucket", le="5.0") == 3
     m.record_fallback("adaptive_policy", 2)
     assert value(reg, "domino_fallback_requests_total", reason="adaptive_policy") == 2
+    m.record_eager("draft_pass")
+    m.record_eager("draft_pass")
+    m.record_eager("sampled_batch_size")
+    assert value(reg, "domino_eager_rounds_total", reason="draft_pass") == 2
+    assert value(reg, "domino_eager_rounds_total", reason="sampled_batch_size") == 1
     # a plain round (L = 1): counted as a round of bs requests, nothing proposed or accepted
     clock = RoundClock(cuda=False)
     clock.mark()

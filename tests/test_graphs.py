@@ -1,0 +1,135 @@
+"""The head rollout over static per-bucket buffers (graphs.RolloutGraphs, what a GPU server replays
+as CUDA graphs) equals the dynamic rollout, run eagerly on the CPU: greedy, sampled and a pointer
+drafter's copy path, padded batches, stale padding rows from an earlier larger batch. The drafts
+equal token for token; q bit for bit where the batch fills its bucket, to float32 rounding where
+it is padded (the head's GEMMs over more rows)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from domino_sglang.graphs import BUCKETS, RolloutGraphs, bucket_for
+from domino_sglang.pointer import DevicePointerCopy
+from domino_sglang.rollout import greedy_rollout
+from domino_sglang.sampling import RoundUniforms, SamplingRows, sampled_rollout
+from tests.test_pointer import _gate
+from tests.test_rollout import B, H, V, make_head
+
+HISTORY_CAP = 40
+
+
+def _histories(bs: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-aligned histories [bs, T] with recurring tokens (so copies win), lengths [bs]."""
+    rng = random.Random(seed)
+    seqs = [[rng.randrange(4) for _ in range(rng.randrange(3, 30))] for _ in range(bs)]
+    t = max(map(len, seqs))
+    buf = torch.tensor([s + [rng.randrange(V)] * (t - len(s)) for s in seqs])
+    return buf, torch.tensor([len(s) for s in seqs])
+
+
+def _rows(bs: int, kind: str) -> SamplingRows:
+    g = torch.Generator().manual_seed(bs)
+    temperature = 0.5 + torch.rand(bs, generator=g)
+    top_k = torch.full((bs,), 1 << 30, dtype=torch.int64)
+    top_p, min_p = torch.ones(bs), torch.zeros(bs)
+    if kind == "filters":  # mixed rows: top-k, top-p, min-p and a greedy one
+        top_k[0], top_p[1 % bs], min_p[-1] = 3, 0.7, 0.1
+        if bs > 2:
+            top_k[2] = 1
+    return SamplingRows(temperature, top_k, top_p, min_p, torch.arange(bs) * 7 + 1,
+                        need_sort=kind == "filters", need_min_p=kind == "filters",
+                        has_greedy=kind == "filters")
+
+
+def _graphs(head, pool, use_head, gate) -> RolloutGraphs:
+    return RolloutGraphs(head, B, H, torch.float32, "cpu", candidate_pool=pool,
+                         use_head=use_head, temperature_scale=0.6, copy_gate=gate,
+                         history_cap=HISTORY_CAP, capture=False)
+
+
+def test_buckets_are_sglangs_and_the_reasons_name_what_does_not_fit():
+    assert (bucket_for(1), bucket_for(3), bucket_for(9), bucket_for(65)) == (1, 4, 16, None)
+    graphs = _graphs(make_head(0), 0, True, None)
+    assert graphs.eager_reason(8, sampled=False) is None
+    assert graphs.eager_reason(BUCKETS[-1] + 1, sampled=False) == "batch_size"
+    assert graphs.eager_reason(32, sampled=True) == "sampled_batch_size"
+    assert graphs.eager_reason(3, sampled=True, history_len=HISTORY_CAP + 1) == "history_length"
+
+
+@pytest.mark.parametrize("pointer", [False, True])
+@pytest.mark.parametrize("pool,use_head,vocab", [(0, True, None), (5, True, None),
+                                                 (0, True, [9, 2, 5, 0, 7]), (0, False, None)])
+def test_static_greedy_rollout_equals_dynamic(pool, use_head, vocab, pointer):
+    head = make_head(1)
+    if vocab is not None:
+        head = head.with_vocab(torch.tensor(vocab))
+    gate = _gate(0.5) if pointer else None
+    graphs = _graphs(head, pool, use_head, gate)
+    g = torch.Generator().manual_seed(2)
+    # bs 8 first: its rows stay in the bucket-8 buffers as padding for bs 5 and 6
+    for bs, length in ((8, B), (5, B), (6, 2), (3, 4), (1, 3), (5, 5)):
+        z = torch.randn(bs, length, H, generator=g)
+        bonus = torch.randint(0, V, (bs,), generator=g)
+        history = lens = copy = None
+        if pointer:
+            history, lens = _histories(bs, seed=bs + length)
+            bonus = history.gather(1, (lens - 1)[:, None]).squeeze(1)
+            copy = DevicePointerCopy(gate, history, lens, length - 1)
+        with torch.no_grad():
+            want = greedy_rollout(z, bonus, head, pool, use_head=use_head, return_base_pick=True,
+                                  copy=copy)
+        chain, picks, copied = graphs.greedy(z, bonus, history, lens)
+        assert torch.equal(chain, want[0]) and torch.equal(picks, want[1]), (bs, length)
+        if pointer:
+            assert torch.equal(copied, copy.copied()), (bs, length)
+    if pointer:  # the copy path really drafted something
+        assert bool(copied.any()) or bool(copy.copied().any())
+    assert len(graphs.runners) == 5  # (bucket, L): (8, 6) twice
+
+
+@pytest.mark.parametrize("pointer", [False, True])
+@pytest.mark.parametrize("kind", ["temperature", "filters"])
+@pytest.mark.parametrize("pool,vocab,bias", [(0, None, False), (5, None, True),
+                                             (0, [9, 2, 5, 0, 7], True)])
+def test_static_sampled_rollout_equals_dynamic(pool, vocab, bias, kind, pointer):
+    head = make_head(2)
+    if vocab is not None:
+        head = head.with_vocab(torch.tensor(vocab))
+    gate = _gate(0.5) if pointer else None
+    graphs = _graphs(head, pool, True, gate)
+    g = torch.Generator().manual_seed(3)
+    for bs, length in ((8, B), (5, 3), (7, B), (1, 2), (3, 5)):
+        z = torch.randn(bs, length, H, generator=g)
+        rows = _rows(bs, kind)
+        u = RoundUniforms.for_round(rows.seed, torch.randint(5, 50, (bs,), generator=g), length)
+        logit_bias = torch.randn(bs, V, generator=g) if bias else None
+        history = lens = copy = None
+        bonus = torch.randint(0, V, (bs,), generator=g)
+        if pointer:
+            history, lens = _histories(bs, seed=bs * length)
+            bonus = history.gather(1, (lens - 1)[:, None]).squeeze(1)
+            copy = DevicePointerCopy(gate, history, lens, length - 1)
+        want_d, want_q = sampled_rollout(z, bonus, head, rows, u.draft, pool,
+                                         logit_bias=logit_bias, temperature_scale=0.6, copy=copy)
+        drafts, q = graphs.sampled(z, bonus, rows, u.draft, logit_bias, history, lens)
+        assert torch.equal(drafts, want_d), (bs, length)
+        assert q.shape == (bs, length - 1, V)
+        if bs == bucket_for(bs):
+            assert torch.equal(q, want_q), (bs, length)
+        else:  # a padded batch: the head's GEMMs run over more rows, and blocking by the row
+            # count moves the last bits (float32 rounding; the drafts are drawn from the q
+            # verified, so exactness does not depend on it)
+            diff = float((q - want_q).abs().max())
+            assert diff < 1e-6, (bs, length, diff)
+
+
+def test_greedy_runners_built_up_front_per_bucket_and_length():
+    graphs = _graphs(make_head(0), 0, True, None)
+    built = graphs.capture_greedy(max_bs=4)
+    assert built == 3 * (B - 1) == len(graphs.runners)  # buckets 1, 2, 4; L = 2..B
+    z, bonus = torch.randn(3, B, H), torch.randint(0, V, (3,))
+    graphs.greedy(z, bonus)
+    assert len(graphs.runners) == built  # a round reuses its bucket's runner
