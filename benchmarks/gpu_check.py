@@ -16,6 +16,8 @@ assumptions, the shipped 135M drafter's ratios scaled up):
   pointer    the backbone + greedy rollout with the device copy index (pointer.DevicePointerCopy)
   verify     greedy and sampled acceptance over random target logits [bs, B, V]
   copy index pointer.device_candidates against the host copy_table
+  rollout graphs  the worker's own runners (graphs.RolloutGraphs): captured replay == the same
+             buffers run eagerly, greedy and sampled, padded batches included
   train      a few AdamW steps of the drafter's training loss (train/trainer.DrafterTrainModule:
              the block drafts, the base-anchored curriculum, the copy gate) on one fixed batch
              of synthetic sequences, fp32 master weights under bf16 autocast on CUDA (as
@@ -37,6 +39,7 @@ import json
 import random
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -191,6 +194,61 @@ def check_draft(kind, conf, drafter, head, dims, bs, device, dtype, graphs: bool
     return out
 
 
+def check_rollout_graphs(conf, drafter, head, dims, device, dtype, graphs: bool) -> list[dict]:
+    """The worker's own head-rollout runners (graphs.RolloutGraphs, pointer copy path on):
+    captured replay == the same static buffers run eagerly (exact: this is the capture check),
+    greedy and sampled, at a full bucket and a padded batch; the share of drafts equal to the
+    unpadded dynamic rollout (padding changes the GEMMs' row count, so low bits may move);
+    the time of one L = B rollout, replayed vs dynamic."""
+    from domino_sglang.graphs import RolloutGraphs
+    from domino_sglang.pointer import DevicePointerCopy
+    from domino_sglang.rollout import greedy_rollout
+    from domino_sglang.sampling import RoundUniforms, SamplingRows, sampled_rollout
+
+    block, hidden, cap = dims["block"], dims["hidden"], dims["history"]
+    make = lambda capture: RolloutGraphs(  # noqa: E731
+        head, block, hidden, dtype, device, candidate_pool=dims["pool"], use_head=True,
+        temperature_scale=0.6, copy_gate=drafter.copy_gate, history_cap=cap, capture=capture,
+        buckets=(1, 2, 4, 8))
+    replayed, eager = make(graphs), make(False)
+
+    def dynamic(z, bonus, history, lens):
+        copy = DevicePointerCopy(drafter.copy_gate, history, lens, z.shape[1] - 1)
+        return greedy_rollout(z, bonus, head, dims["pool"], return_base_pick=True, copy=copy)
+
+    rows_out = []
+    for bs, length in ((8, block), (3, block), (5, max(2, block // 3))):
+        inputs = round_inputs(dims, conf, bs, device, dtype, seed=10 + bs)
+        g = torch.Generator(device="cpu").manual_seed(bs)
+        z = torch.randn(bs, length, hidden, generator=g).to(device, dtype)
+        history, lens, bonus = inputs["history"], inputs["lens"], inputs["bonus"]
+        ones = torch.ones(bs, device=device)
+        rows = SamplingRows(temperature=0.8 * ones, top_k=torch.full_like(lens, 1 << 30),
+                            top_p=ones, min_p=0 * ones, seed=inputs["seed"], need_sort=False,
+                            need_min_p=False, has_greedy=False)
+        u = RoundUniforms.for_round(rows.seed, inputs["prefix"], length).draft
+        row = {"bs": bs, "L": length, "graph": graphs}
+        with torch.no_grad():
+            a, b = replayed.greedy(z, bonus, history, lens), eager.greedy(z, bonus, history, lens)
+            row["greedy_equal"] = all(torch.equal(x, y) for x, y in zip(a, b))
+            want = dynamic(z, bonus, history, lens)
+            row["greedy_same_as_dynamic"] = float((a[0] == want[0]).float().mean())
+            (da, qa), (db, qb) = (replayed.sampled(z, bonus, rows, u, None, history, lens),
+                                  eager.sampled(z, bonus, rows, u, None, history, lens))
+            row["sampled_equal"] = bool(torch.equal(da, db) and torch.equal(qa, qb))
+            dw, _ = sampled_rollout(z, bonus, head, rows, u, dims["pool"], temperature_scale=0.6,
+                                    copy=DevicePointerCopy(drafter.copy_gate, history, lens,
+                                                           length - 1))
+            row["sampled_same_as_dynamic"] = float((da == dw).float().mean())
+            if length == block:
+                args = (z, bonus, history, lens)
+                row["replay_ms"] = 1e3 * timed(partial(replayed.greedy, *args), dims["repeats"],
+                                               device)
+                row["dynamic_ms"] = 1e3 * timed(partial(dynamic, *args), dims["repeats"], device)
+        rows_out.append(row)
+    return rows_out
+
+
 def check_verify(dims, device, bs: int) -> dict:
     """Greedy acceptance on the device equals the CPU's; sampled acceptance is a valid prefix."""
     from domino_sglang.sampling import RoundUniforms, SamplingRows, process_logits
@@ -334,11 +392,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['eager_ms']:.2f} ms" + (f"  graph {row['graph_ms']:.2f} ms"
                                                  if graphs else ""), flush=True)
         result["verify"].append(check_verify(dims, device, bs))
+    result["rollout_graphs"] = check_rollout_graphs(conf, drafter, head, dims, device, dtype,
+                                                    graphs)
+    for row in result["rollout_graphs"]:
+        print(f"rollout graphs: {row}", flush=True)
     result["copy_index"] = check_copy_index(dims, device)
     result["train"] = check_train(TRAIN_QUICK if args.quick else TRAIN, device)
     print(f"train: {result['train']}", flush=True)
     result["seconds"] = round(time.perf_counter() - started, 1)
     ok = (all(r["equal"] for r in result["draft"])
+          and all(r["greedy_equal"] and r["sampled_equal"] for r in result["rollout_graphs"])
           and all(r["greedy_equal_cpu"] for r in result["verify"])
           and result["copy_index"]["equal_copy_table"]
           and result["train"]["decreased"])
