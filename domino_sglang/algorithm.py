@@ -147,10 +147,26 @@ def resolve_server_args(server_args) -> None:
         if server_args.speculative_draft_attention_backend is None:
             _set(server_args, "speculative_draft_attention_backend", CPU_BACKEND,
                  "the drafter's non-causal block needs a verify-capable CPU backend")
-    elif server_args.speculative_draft_attention_backend is None:
-        backend = server_args.attention_backend or "flashinfer"
-        _set(server_args, "speculative_draft_attention_backend", backend,
-             "the drafter runs on the target's attention backend")
+    else:
+        if server_args.attention_backend in FIXED_WIDTH_BACKENDS:
+            raise DominoArgsError(
+                f"DOMINO: --attention-backend {server_args.attention_backend} builds every "
+                f"verify for the full block, but DOMINO verifies 1..B tokens per round; use "
+                f"flashinfer (the default) or triton")
+        if server_args.attention_backend is None:
+            _set(server_args, "attention_backend", "flashinfer",
+                 "its verify reads the round's width (SGLang's Hopper default, fa3, builds "
+                 "every verify for the full block)")
+        if server_args.speculative_draft_attention_backend is None:
+            _set(server_args, "speculative_draft_attention_backend",
+                 server_args.attention_backend, "the drafter runs on the target's attention "
+                 "backend")
+
+
+# CUDA attention backends whose TARGET_VERIFY metadata uses the configured block size, not the
+# round's width (flashattention_backend.py and trtllm_mha_backend.py of SGLang 0.5.23 read
+# speculative_num_draft_tokens at construction): a round verifying L < B tokens would be wrong
+FIXED_WIDTH_BACKENDS = ("fa3", "trtllm_mha")
 
 
 def pool_capacity(pool_tokens: int, block_size: int) -> int:

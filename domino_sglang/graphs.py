@@ -65,7 +65,8 @@ class StaticRunner:
                     fn(**self.inputs)
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=pool):
+            # thread_local: another thread's CUDA call during a (lazy) capture is not an error
+            with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
                 self.outputs = fn(**self.inputs)
 
     def __call__(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -94,6 +95,15 @@ class StaticRunner:
 # The sampled rollout's q [bucket, B-1, V] float32 is one buffer per bucket (q of bucket 64 at
 # Qwen3's 152k vocabulary would be 583 MB); larger sampled batches roll out eagerly.
 SAMPLED_MAX_BUCKET = 16
+# A pointer drafter's history buffer widths (tokens): the copy index scans the whole width at
+# every draft position, so a round runs at the smallest width holding its longest history
+HISTORY_WIDTHS = tuple(256 << i for i in range(12))  # 256 .. 512k
+
+
+def history_width(tokens: int) -> int:
+    """The smallest HISTORY_WIDTHS entry >= tokens (the largest if none is)."""
+    return next((w for w in HISTORY_WIDTHS if w >= tokens), HISTORY_WIDTHS[-1])
+
 _TOP_K_OFF = 1 << 30  # a padding row's top-k: no filter (top_k <= 1 would make it greedy)
 
 
@@ -101,12 +111,16 @@ class RolloutGraphs:
     """The head rollout (rollout.greedy_rollout, sampling.sampled_rollout) over static buffers:
     one StaticRunner per (kind, batch bucket, L, sampling flags, logit bias), all of a bucket
     reading the same input buffers (z [bucket, B, H], the sampling rows, a pointer drafter's
-    history [bucket, history_cap]) and, sampled, writing q into one buffer per bucket.
+    history [bucket, W] at the smallest HISTORY_WIDTHS entry W holding the round's longest history,
+    a key part too) and, sampled, writing q into one buffer per bucket. Their memory (q of
+    bucket 16: 16 x (B-1) x V float32) is the plugin's, outside SGLang's static reservation.
 
-    `capture`: CUDA graphs (one memory pool); greedy runners are captured at start-up
-    (`capture_greedy`), sampled ones on a key's first round. Without `capture` the same
-    runners run eagerly over the same buffers. Rows bs..bucket-1 are padding: every op of the
-    rollout is row-wise, so they never reach a real row, and their outputs are dropped.
+    `capture`: CUDA graphs (one memory pool: safe because a round replays one rollout and
+    consumes its outputs before the next); greedy runners are captured at start-up
+    (`capture_greedy`, the smallest history width), the others on a key's first round. Without
+    `capture` the same runners run eagerly over the same buffers. Rows bs..bucket-1 are
+    padding: every op of the rollout is row-wise, so they never reach a real row, and their
+    outputs are dropped.
     `copy_gate`: a pointer drafter's gate, copy index on the device (pointer.DevicePointerCopy),
     or None."""
 
@@ -144,7 +158,7 @@ class RolloutGraphs:
         bs, length = z.shape[0], z.shape[1]
         bucket = bucket_for(bs, self.buckets)
         self._fill(bucket, z, bonus, history, lens)
-        out = self.runner(("greedy", bucket, length)).replay()
+        out = self.runner(("greedy", bucket, length, self._width(history))).replay()
         return out[0][:bs], out[1][:bs], out[2][:bs] if len(out) > 2 else None
 
     def sampled(self, z: torch.Tensor, bonus: torch.Tensor, rows: SamplingRows,
@@ -164,19 +178,23 @@ class RolloutGraphs:
             self._buffer(bucket, "bias", (self.head.vocab_size,), torch.float32, 0)[:bs].copy_(
                 logit_bias)
         self._buffer(bucket, "q", (self.block - 1, self.head.vocab_size), torch.float32, 0)
-        key = ("sampled", bucket, length, rows.need_sort, rows.need_min_p, rows.has_greedy,
-               logit_bias is not None)
+        key = ("sampled", bucket, length, self._width(history), rows.need_sort,
+               rows.need_min_p, rows.has_greedy, logit_bias is not None)
         drafts, q = self.runner(key).replay()
         return drafts[:bs], q[:bs]
 
     def capture_greedy(self, max_bs: int) -> int:
         """Build (capture) every greedy runner of the buckets up to max_bs, L = 2..B: the
         number built."""
-        keys = [("greedy", b, n) for b in self.buckets if b <= max_bs
+        width = HISTORY_WIDTHS[0] if self.copy_gate is not None else 0
+        keys = [("greedy", b, n, width) for b in self.buckets if b <= max_bs
                 for n in range(2, self.block + 1)]
         for key in keys:
             self.runner(key)
         return len(keys)
+
+    def _width(self, history: torch.Tensor | None) -> int:
+        return 0 if history is None else history_width(history.shape[1])
 
     # ---- buffers and runners ----
     def _buffer(self, bucket: int, name: str, shape: tuple[int, ...], dtype: torch.dtype,
@@ -195,7 +213,9 @@ class RolloutGraphs:
         bufs["z"][:bs, :length].copy_(z)
         bufs["bonus"][:bs].copy_(bonus)
         if history is not None:
-            bufs["history"][:bs, :history.shape[1]].copy_(history)
+            width = history_width(history.shape[1])
+            self._buffer(bucket, f"history{width}", (width,), torch.int64, 0)[
+                :bs, :history.shape[1]].copy_(history)
             bufs["lens"][:bs].copy_(lens)
         return bufs
 
@@ -209,9 +229,8 @@ class RolloutGraphs:
             b(bucket, name, (), torch.float32, fill)
         b(bucket, "top_k", (), torch.int64, _TOP_K_OFF)
         b(bucket, "seed", (), torch.int64, 0)
-        b(bucket, "u", (self.block - 1,), torch.float32, 0.5)
+        b(bucket, "u", (self.block - 1,), torch.float64, 0.5)  # sampling.seeded_uniform's
         if self.copy_gate is not None:
-            b(bucket, "history", (self.history_cap,), torch.int64, 0)
             b(bucket, "lens", (), torch.int64, 1)
 
     def runner(self, key: tuple) -> StaticRunner:
@@ -222,13 +241,14 @@ class RolloutGraphs:
         return found
 
     def _build(self, key: tuple) -> StaticRunner:
-        kind, bucket, length = key[:3]
+        kind, bucket, length, width = key[:4]
         self._inputs(bucket)
         bufs = self.buffers[bucket]
         n = length - 1
         inputs = {"z": bufs["z"][:, :length], "bonus": bufs["bonus"]}
         if self.copy_gate is not None:
-            inputs.update(history=bufs["history"], lens=bufs["lens"])
+            history = self._buffer(bucket, f"history{width}", (width,), torch.int64, 0)
+            inputs.update(history=history, lens=bufs["lens"])
         head, pool, use_head = self.head, self.candidate_pool, self.use_head
         gate = self.copy_gate
 
@@ -242,7 +262,7 @@ class RolloutGraphs:
                                               return_base_pick=True, copy=copy)
                 return (chain, picks) if copy is None else (chain, picks, copy.copied())
         else:
-            need_sort, need_min_p, has_greedy, bias = key[3:]
+            need_sort, need_min_p, has_greedy, bias = key[4:]
             inputs.update({name: bufs[name] for name in
                            ("temperature", "top_k", "top_p", "min_p", "seed")})
             inputs.update(u=bufs["u"][:, :n], q=bufs["q"][:, :n])

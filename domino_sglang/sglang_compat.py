@@ -198,6 +198,7 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.srt.managers.schedule_batch": ("get_request_return_hidden_states_mode",),
         "sglang.srt.managers.overlap_utils": ("FutureMap",),
         "sglang.srt.speculative.spec_registry": ("CustomSpecAlgo", "get_spec"),
+        "sglang.srt.runtime_context._ConfigBag": ("override",),  # get_spec().override
         "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool": (
             "set_kv_buffer", "get_key_buffer", "get_value_buffer"),
         # config.py, metrics.py: what SGLang published for this process
@@ -302,17 +303,19 @@ def decode_graph_batch_sizes(device) -> tuple[int, ...]:
 def verify_graph_runtime(model_runner, width: int) -> tuple:
     """A second target runtime whose CUDA graphs verify `width` tokens per request: (attention
     backend with its own workspace, SGLang's DecodeCudaGraphRunner captured for TARGET_VERIFY at
-    that width), as SGLang's adaptive EAGLE worker builds one per step count. UNVERIFIED on a
-    GPU (issue 64, item 4)."""
+    that width), both built with the speculative width overridden to `width` (backends such as
+    FA3 read it once, at construction), as SGLang's UNO and adaptive EAGLE workers build theirs.
+    UNVERIFIED on a GPU (issue 64, item 4)."""
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
     saved = model_runner.init_new_workspace
     try:
-        backend = model_runner._get_attention_backend(init_new_workspace=True)
+        with get_spec().override(speculative_num_draft_tokens=width):
+            backend = model_runner._get_attention_backend(init_new_workspace=True)
+            runner = DecodeCudaGraphRunner(model_runner, attn_backend=backend,
+                                           speculative_num_draft_tokens=width)
     finally:
         model_runner.init_new_workspace = saved
-    runner = DecodeCudaGraphRunner(model_runner, attn_backend=backend,
-                                   speculative_num_draft_tokens=width)
     return backend, runner
 
 

@@ -114,3 +114,19 @@ def test_draft_temperature_scale_follows_the_drafter_unless_set(flag, expected):
     drafter = SimpleNamespace(candidate_pool=0, short_draft=False, draft_temperature_scale=0.7)
     flags = {} if flag is None else {"draft_temperature_scale": flag}
     assert resolve(drafter, 16, flags).draft_temperature_scale == expected
+
+
+def test_gpu_attention_backend_reads_the_rounds_width(drafter):
+    """On CUDA the target verifies on a backend whose verify reads the round's width: flashinfer
+    when none is named; fa3 / trtllm_mha (which build every verify for the full block B) are
+    refused by name, since DOMINO verifies 1..B tokens per round."""
+    a = args(drafter, device="cuda", attention_backend=None)
+    resolve_server_args(a)
+    assert a.attention_backend == "flashinfer" == a.speculative_draft_attention_backend
+    a = args(drafter, device="cuda", attention_backend="triton")
+    resolve_server_args(a)
+    assert a.attention_backend == "triton" == a.speculative_draft_attention_backend
+    for backend in ("fa3", "trtllm_mha"):
+        with pytest.raises(DominoArgsError, match=f"--attention-backend {backend} builds every "
+                                                  "verify for the full block"):
+            resolve_server_args(args(drafter, device="cuda", attention_backend=backend))

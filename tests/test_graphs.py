@@ -126,6 +126,32 @@ def test_static_sampled_rollout_equals_dynamic(pool, vocab, bias, kind, pointer)
             assert diff < 1e-6, (bs, length, diff)
 
 
+def test_long_histories_run_at_a_wider_history_buffer():
+    """A pointer drafter's history buffer is as wide as the smallest HISTORY_WIDTHS entry
+    holding the round's longest history (the copy index scans the whole width): a 300-token
+    history rolls out at width 512, exactly as the dynamic rollout, under a key of its own."""
+    from domino_sglang.graphs import HISTORY_WIDTHS, history_width
+
+    assert (history_width(1), history_width(256), history_width(257)) == (256, 256, 512)
+    assert history_width(10**9) == HISTORY_WIDTHS[-1]
+    head, gate = make_head(3), _gate(0.5)
+    graphs = RolloutGraphs(head, B, H, torch.float32, "cpu", candidate_pool=0, use_head=True,
+                           temperature_scale=1.0, copy_gate=gate, history_cap=4096,
+                           capture=False)
+    g = torch.Generator().manual_seed(9)
+    for t in (40, 300):
+        history = torch.randint(0, 3, (2, t), generator=g)  # 3 tokens: copies everywhere
+        lens = torch.tensor([t, t - 7])
+        bonus = history.gather(1, (lens - 1)[:, None]).squeeze(1)
+        z = torch.randn(2, B, H, generator=g)
+        copy = DevicePointerCopy(gate, history, lens, B - 1)
+        with torch.no_grad():
+            want = greedy_rollout(z, bonus, head, 0, return_base_pick=True, copy=copy)
+        chain, picks, copied = graphs.greedy(z, bonus, history, lens)
+        assert torch.equal(chain, want[0]) and torch.equal(copied, copy.copied()), t
+    assert sorted(k[3] for k in graphs.runners) == [256, 512]
+
+
 def test_greedy_runners_built_up_front_per_bucket_and_length():
     graphs = _graphs(make_head(0), 0, True, None)
     built = graphs.capture_greedy(max_bs=4)
