@@ -158,17 +158,24 @@ class OnlineCosts:
         """The neutral prior at bs, or the nearest learned bucket's fit where it is dearer."""
         d = self.prior.draft
         v = self.prior.slope_0 + self.prior.slope_per_req * bs
-        learned = [(abs(b - bs_bucket(bs)), b) for b, f in self.fits.items() if f.n >= OWN_MIN]
+        learned = [(abs(b - bs_bucket(bs)), b) for b, f in self.fits.items()
+                   if f.n >= OWN_MIN and b != bs_bucket(bs)]
         if learned:
             (nd, nv), _ = self.fits[min(learned)[1]].posterior()
             d, v = max(d, nd), max(v, nv)
         return d, v
 
     def fit(self, bs: int) -> BucketFit:
-        """bs's bucket's fit (a fresh one, from the prior, if it has none: not stored)."""
+        """bs's bucket's fit (a fresh one, from the prior, if it has none: not stored). A fit
+        with fewer than OWN_MIN samples takes its prior afresh (a neighbour learned since its
+        first sample may price it dearer)."""
         bucket = bs_bucket(bs)
         got = self.fits.get(bucket)
-        return got if got is not None else BucketFit(self._prior(bs))
+        if got is None:
+            return BucketFit(self._prior(bs))
+        if got.n < OWN_MIN:
+            got.prior = self._prior(bs)
+        return got
 
     def cost(self, bs: int, draft_len: int, z: float = 0.0) -> float:
         """cost(bs, L) in plain rounds: the fit's mean, plus z sd (z = Z: the upper bound)."""

@@ -328,6 +328,11 @@ class SpeculationPolicy:
         self.stats.forget(floor=AGE_FLOOR)  # a plain round ages the estimate too (PLAIN_DECAY)
         interval = probe_interval(bs, self.block, mean, self.stats.alpha)
         backoff = 1 if promising else BACKOFF ** self.losses
+        if interval is not None and self.calibration is not None and (
+                self.calibration.plain_time(bs) is None):
+            # a probe is timed against the bucket's plain rounds: first let it have them
+            # (probes every round near break-even would leave it none, and its costs a prior)
+            interval = max(interval, PLAIN_SPACING)
         if interval is not None and self._plain_rounds >= interval * backoff:
             self._plain_rounds = 0
             self._probed = True
@@ -337,14 +342,30 @@ class SpeculationPolicy:
     def speculative_len(self, bs: int) -> int:
         """The floor (module docstring): the best L at the estimates' means if it beats plain
         decoding by MARGIN at alpha's lower bound and the costs' upper bound; else the best L
-        at those bounds if one does; else 1."""
+        at those bounds if one does; else 1. At most PROBE_LEN where bs's bucket has timed no
+        round of its own (`longest_len`)."""
         alpha = self.stats.alpha
         low, _ = self.stats.bounds()
         mean, high = self.cost_fn(bs), self.cost_fn(bs, Z_COST)
-        best = choose_draft_len(bs, alpha, self.block, cost=mean)
+        longest = self.longest_len(bs)
+        best = choose_draft_len(bs, alpha, longest, cost=mean)
         if best > 1 and expected_tokens(low, best) / high(bs, best) > 1.0 + MARGIN:
             return best
-        return choose_draft_len(bs, low, self.block, cost=high)
+        return choose_draft_len(bs, low, longest, cost=high)
+
+    def longest_len(self, bs: int) -> int:
+        """The longest L the policy may verify at bs: the block once bs's bucket has timed
+        speculative rounds of its own (or with fixed costs), PROBE_LEN before. A bucket's first
+        costs are a prior (neutral, or a neighbour's), and one more verified token costs 0.04
+        plain rounds there but ~0.37 on the AMD EPYC at bs 32 (2026-12-04, bf16, debug round
+        log: L = 2 / 5 took 2.0 / 3.1 plain rounds): a jump from bs 1 to 32 verified L = 5 at
+        3.1x a plain round for the bucket's first ~25 rounds (its plain times come first),
+        a run of 64 requests at 0.81x plain decoding. The cheapest round times the bucket as
+        well and loses the least while it is wrong."""
+        calibration = self.calibration
+        if calibration is None or calibration.knows(bs):
+            return self.block
+        return min(PROBE_LEN, self.block)
 
     def promising(self, bs: int, cost: Callable[[int, int], float]) -> bool:
         """Whether speculation could pay at alpha's upper bound (Z_PROBE sd: wider than the

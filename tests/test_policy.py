@@ -204,10 +204,10 @@ def test_plain_rounds_age_the_estimate():
 
 
 def test_running_stats_switch_off_then_probe_with_backoff():
-    policy = SpeculationPolicy(B)  # prior alpha 0.7: tries the drafter first, on every prior
-    assert policy.draft_len(1) > 1
-    for cost in (*COSTS.values(), NEUTRAL):
-        assert SpeculationPolicy(B, cost=cost).draft_len(1) > 1
+    policy = SpeculationPolicy(B)  # prior alpha 0.7: tries the drafter first (the served prior)
+    assert policy.draft_len(1) == PROBE_LEN  # ... at the shortest L: no round of bs 1 timed yet
+    for cost in (*COSTS.values(), NEUTRAL):  # with fixed costs, at once, on every profile
+        assert SpeculationPolicy(B, cost=cost, calibrate=False).draft_len(1) > PROBE_LEN
     fixed = SpeculationPolicy(B, cost=COSTS["cpu-bf16"], calibrate=False)
     for _ in range(100):  # the drafter is never right
         fixed.observe([1] * 4, B)

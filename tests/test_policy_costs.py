@@ -200,3 +200,27 @@ def test_calibration_rounds_are_rare():
     assert all(b - a >= CAL_MIN_GAP for a, b in zip(plain[PLAIN_MIN - 1:], plain[PLAIN_MIN:]))
     assert policy.calibration.knows(8) and policy.calibration.learned(8)[2] > 0
     assert len(plain) <= PLAIN_MIN + 10 * CAL_MIN_GAP // CAL_REFRESH
+
+
+def test_a_jump_to_a_dear_batch_size_verifies_short_until_timed():
+    """Load jumps from bs 1 to bs 32 on a CPU-like device where one more verified token costs
+    0.37 plain rounds there (the AMD EPYC in bf16, 2026-12-04: L = 2 / 5 took 2.0 / 3.1 plain
+    rounds). Until bs 32's bucket has timed rounds of its own the policy verifies at most
+    PROBE_LEN tokens (its prior, neutral, prices L = 5 at 1.5 plain rounds), so the jump's first
+    50 rounds keep >= 0.85 of plain decoding's rate (without the rule: 0.79-0.81, L = 5-6 for
+    15 rounds), and the policy settles at plain decoding."""
+    dear = CostModel(draft=0.63, slope_0=0.37, slope_per_req=0.0)
+    cheap = CostModel(draft=0.3, slope_0=0.05, slope_per_req=0.0)
+    for seed in range(3):
+        policy = SpeculationPolicy(B)
+        serve(policy, cheap, 1, 0.6, 40, random.Random(seed))
+        rng, tokens, seconds = random.Random(seed + 10), 0.0, 0.0
+        for i in range(300):
+            known = policy.calibration.knows(32)
+            t, s, (draft_len,) = serve(policy, dear, 32, 0.6, 1, rng)
+            assert known or draft_len <= PROBE_LEN, (seed, i, draft_len)
+            tokens, seconds = tokens + t, seconds + s
+            if i == 49:
+                assert tokens / seconds >= 0.85, (seed, tokens / seconds)
+                tokens = seconds = 0.0
+        assert tokens / seconds >= 0.97, (seed, tokens / seconds)
