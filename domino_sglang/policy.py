@@ -92,20 +92,23 @@ overhead of a speculative round in units of its own plain round, from its round 
 starting from a device-neutral prior (costs.NEUTRAL; `cost_model` returns it on every device).
 --speculative-domino-debug-calibrate off keeps the prior (or the debug cost) as it is.
 
-The floor (`SpeculationPolicy.draft_len`): a round speculates only where it beats plain
-decoding by MARGIN with the estimates' doubt priced in: alpha's lower bound (Wilson interval,
-Z_ALPHA sd over the forgotten judged count) and the costs' upper bound (costs.Z sd of the fit).
-L is the best rate at the estimates' means if that L holds the floor, else the best rate at the
-bounds, else plain decoding (L = 1, what plain decoding costs). Plain rounds probe (L = 2)
-every probe_interval rounds (above), stretched by BACKOFF ** losses (at most MAX_LOSSES): a
-probe after which the policy still decodes plainly, and even alpha's Z_PROBE upper bound could
-not pay, is a loss; speculating resets the count, and while that upper bound could pay the
-probes keep their base spacing (a drafter just under break-even is not given up on). Plain
-rounds age the estimate only down to AGE_FLOOR judged drafts, so its bounds stay finite and a
-drafter that never pays is probed at most PROBE_BUDGET / BACKOFF ** MAX_LOSSES of the plain
-time; where even alpha = 1 could not pay (at the costs' means), never. Simulated on the
-recorded CPU round costs (benchmarks/policy_sim.py --recorded; docs/benchmark-history.md, issue
-69) and tested under GPU-like and CPU-like cost shapes (tests/test_policy_costs.py).
+The floor (`SpeculationPolicy.draft_len`): a round speculates only where it beats plain decoding by
+MARGIN with the estimates' doubt priced in: alpha's lower bound (Wilson interval, Z_ALPHA sd over
+the forgotten judged count) and the costs' upper bound (costs.Z sd of the fit). L is the best rate
+at the estimates' means if that L holds the floor, else the best rate at the bounds, else plain
+decoding (L = 1, what plain decoding costs). A batch-size bucket that has timed no speculative
+round of its own verifies at most PROBE_LEN tokens (`longest_len`: its costs are still a prior, and
+a prior's per-token price can be 10x off, 0.04 vs 0.37 plain rounds at bs 32 on the AMD EPYC), and
+its probes wait for its plain times (PLAIN_SPACING). Plain rounds probe (L = 2) every
+probe_interval rounds (above), stretched by BACKOFF ** losses (at most MAX_LOSSES): a probe after
+which the policy still decodes plainly, and even alpha's Z_PROBE upper bound could not pay, is a
+loss; speculating resets the count, and while that upper bound could pay the probes keep their base
+spacing (a drafter just under break-even is not given up on). Plain rounds age the estimate only
+down to AGE_FLOOR judged drafts, so its bounds stay finite and a drafter that never pays is probed
+at most PROBE_BUDGET / BACKOFF ** MAX_LOSSES of the plain time; where even alpha = 1 could not pay
+(at the costs' means), never. Simulated on the recorded CPU round costs (benchmarks/policy_sim.py
+--recorded; docs/benchmark-history.md, issue 69) and tested under GPU-like and CPU-like cost shapes
+(tests/test_policy_costs.py).
 
 Prompt lookup (lookup.py): a round in which every request has a copied draft runs no draft
 pass, so its cost is cost(bs, L) - DRAFT, and its acceptance is the copies', not the drafter's:
