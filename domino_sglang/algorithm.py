@@ -148,19 +148,49 @@ def resolve_server_args(server_args) -> None:
             _set(server_args, "speculative_draft_attention_backend", CPU_BACKEND,
                  "the drafter's non-causal block needs a verify-capable CPU backend")
     else:
-        if server_args.attention_backend in FIXED_WIDTH_BACKENDS:
-            raise DominoArgsError(
-                f"DOMINO: --attention-backend {server_args.attention_backend} builds every "
-                f"verify for the full block, but DOMINO verifies 1..B tokens per round; use "
-                f"flashinfer (the default) or triton")
-        if server_args.attention_backend is None:
-            _set(server_args, "attention_backend", "flashinfer",
-                 "its verify reads the round's width (SGLang's Hopper default, fa3, builds "
-                 "every verify for the full block)")
+        for flag in ("attention_backend", "decode_attention_backend",
+                     "prefill_attention_backend"):
+            backend = getattr(server_args, flag, None)
+            if backend in FIXED_WIDTH_BACKENDS:
+                raise DominoArgsError(
+                    f"DOMINO: --{flag.replace('_', '-')} {backend} builds every verify for "
+                    f"the full block, but DOMINO verifies 1..B tokens per round; use "
+                    f"flashinfer (the default) or triton")
+        if server_args.attention_backend is None:  # resolved outside SGLang's pipeline
+            _set(server_args, "attention_backend", "flashinfer", VERIFY_WHY)
         if server_args.speculative_draft_attention_backend is None:
             _set(server_args, "speculative_draft_attention_backend",
                  server_args.attention_backend, "the drafter runs on the target's attention "
                  "backend")
+
+
+def default_verify_backend(server_args, step) -> None:
+    """Around SGLang's attention-backend resolution step (`step`, which fills the platform's
+    default: fa3 on Hopper with CUDA >= 12.3, trtllm_mha on SM100): a DOMINO server on CUDA
+    that names no backend is given flashinfer before that default is filled, so everything
+    SGLang derives from the backend afterwards (page size, graph settings) sees flashinfer. A
+    backend the user named is kept, and refused by resolve_server_args if it cannot verify
+    1..B tokens."""
+    from domino_sglang import sglang_compat
+
+    backend = verify_backend_default(server_args)
+    if backend is not None:
+        sglang_compat.declare_resolution(server_args, "DOMINO", attention_backend=backend)
+        logger.info("DOMINO sets attention_backend=%r (was None): %s", backend, VERIFY_WHY)
+    step(server_args)
+
+
+VERIFY_WHY = ("its verify reads the round's width (SGLang's Hopper and Blackwell defaults, fa3 "
+              "and trtllm_mha, build every verify for the full block)")
+
+
+def verify_backend_default(server_args) -> str | None:
+    """The target attention backend DOMINO gives a CUDA server that names none, else None."""
+    named = any(getattr(server_args, f, None) is not None for f in
+                ("attention_backend", "decode_attention_backend", "prefill_attention_backend"))
+    domino = str(getattr(server_args, "speculative_algorithm", None) or "").upper() == NAME
+    on_cpu = str(getattr(server_args, "device", None) or "cuda") == "cpu"
+    return "flashinfer" if domino and not on_cpu and not named else None
 
 
 # CUDA attention backends whose TARGET_VERIFY metadata uses the configured block size, not the
@@ -242,6 +272,7 @@ def register_algorithm() -> None:
         return DominoWorker
 
     sglang_compat.register_spec_algorithm(NAME, _spec_class(), factory)
+    sglang_compat.register_resolution_steps({"default_verify_backend": default_verify_backend})
     sglang_compat.register_hooks({"clip_max_new_tokens": clip_max_new_tokens,
                                   "cumulate_penalties": cumulate_penalties,
                                   "refuse_unsupported_outputs": refuse_unsupported_outputs})

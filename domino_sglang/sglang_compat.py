@@ -64,11 +64,12 @@ __all__ = [
     "GenerationBatchResult", "GrammarTree", "HTTP_SERVER", "KVWriteLoc", "LAZY", "SGLANG_VERSION",
     "TOUCHPOINTS", "apply_custom_logit_processor", "apply_scaling_penalties",
     "assign_extend_cache_locs_func", "batch_round_state", "bound_runtime",
-    "build_draft_tp_worker", "decode_graph_batch_sizes",
+    "build_draft_tp_worker", "declare_resolution", "decode_graph_batch_sizes",
     "build_grammar_vocab_mask", "compute_spec_logprobs", "get_bool_env_var", "get_observability",
     "get_parallel", "get_server_args", "get_serving", "get_spec", "host_lens_grown",
     "loaded_http_server", "make_draft_block_spec_info", "make_draft_input_v2",
-    "register_draft_architecture", "register_hooks", "register_spec_algorithm",
+    "register_draft_architecture", "register_hooks", "register_resolution_steps",
+    "register_spec_algorithm",
     "sanitize_nan_logits", "supports_sampling_mask", "verify_graph_runtime",
 ]  # plus the lazy re-exports of LAZY (not listed: `import *` would import them all)
 
@@ -97,6 +98,15 @@ HOOKS = {
     "add_server_flags": ("sglang.srt.server_args.ServerArgs.add_cli_args", "AFTER"),
     "read_http_flags": ("sglang.srt.server_args.ServerArgs.from_cli_args", "BEFORE"),
     "remember_domino_flags": ("sglang.srt.server_args.ServerArgs.from_cli_args", "AFTER"),
+}
+
+# The steps of SGLang's server-argument resolution pipeline the plugin wraps (arg_groups/
+# pipeline.py, through `register_resolution_hook`), by role: the wrapper runs at that step's
+# place in the pipeline and calls the step itself.
+RESOLUTION_STEPS = {
+    # algorithm.py: a DOMINO server on CUDA that names no backend verifies on flashinfer, decided
+    # before SGLang fills its platform default (fa3 on Hopper, trtllm_mha on SM100)
+    "default_verify_backend": "handle_attention_backend_compatibility",
 }
 
 # Lazy re-exports, as SGLang spells them: name -> SGLang module. `from domino_sglang.sglang_compat
@@ -195,6 +205,9 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.srt.models.registry.ModelRegistry": ("models",),
         "sglang.srt.plugins.hook_registry.HookRegistry": ("register",),
         "sglang.srt.plugins.hook_registry.HookType": ("BEFORE", "AFTER"),
+        "sglang.srt.arg_groups.resolution_hooks": ("register_resolution_hook",
+                                                   "_OVERRIDABLE_HOOKS"),
+        "sglang.srt.arg_groups.overrides": ("declare_resolution",),
         "sglang.srt.managers.schedule_batch": ("get_request_return_hidden_states_mode",),
         "sglang.srt.managers.overlap_utils": ("FutureMap",),
         "sglang.srt.speculative.spec_registry": ("CustomSpecAlgo", "get_spec"),
@@ -370,6 +383,23 @@ def register_hooks(functions: dict) -> None:
     for role, fn in functions.items():
         target, when = HOOKS[role]
         HookRegistry.register(target, fn, getattr(HookType, when))
+
+
+def declare_resolution(server_args, source: str, **fields) -> None:
+    """Decide server-argument fields inside SGLang's resolution pipeline (the record keeps the
+    operator's input; the decision carries `source`)."""
+    from sglang.srt.arg_groups.overrides import declare_resolution as declare
+
+    declare(server_args, source, **fields)
+
+
+def register_resolution_steps(functions: dict) -> None:
+    """Wrap each step of RESOLUTION_STEPS named by `functions` (role -> fn(server_args, step))
+    in SGLang's resolution pipeline."""
+    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+
+    for role, fn in functions.items():
+        register_resolution_hook(RESOLUTION_STEPS[role])(fn)
 
 
 def wants_hidden_states(return_hidden_states) -> bool:

@@ -130,3 +130,47 @@ def test_gpu_attention_backend_reads_the_rounds_width(drafter):
         with pytest.raises(DominoArgsError, match=f"--attention-backend {backend} builds every "
                                                   "verify for the full block"):
             resolve_server_args(args(drafter, device="cuda", attention_backend=backend))
+
+
+# SGLang's default attention backend per platform (arg_groups/model_override_base.py), the
+# platform faked through its own scoped probes (runtime_context.override_platform)
+PLATFORMS = {
+    "hopper": dict(is_cuda=True, is_sm90=True, is_hopper_with_cuda_12_3=True, has_flashinfer=True),
+    "blackwell": dict(is_cuda=True, is_sm100=True, is_sm100_or_sm110=True, is_blackwell=True,
+                      has_flashinfer=True),
+}
+
+
+def launcher_resolution(platform: str, argv: list[str]):
+    """A real ServerArgs resolved by SGLang's own pipeline, as `python -m sglang.launch_server`
+    resolves it on `platform` (the plugin registered first, as SGLang's plugin loader does)."""
+    from sglang.srt.arg_groups.overrides import resolved_view
+    from sglang.srt.runtime_context import override_platform
+    from sglang.srt.server_args import prepare_server_args
+
+    from domino_sglang import plugin
+
+    plugin.register()
+    with override_platform(**PLATFORMS[platform]):
+        server_args = prepare_server_args(["--device", "cuda", *argv])
+        server_args.resolve_once()
+        return resolved_view(server_args)
+
+
+@pytest.mark.parametrize("platform", sorted(PLATFORMS))
+def test_the_launcher_gives_domino_a_verify_backend_on_hopper_and_blackwell(
+        platform, drafter, target_path):
+    """SGLang fills its platform default (fa3 on Hopper, trtllm_mha on SM100) before the
+    speculative hook runs; a DOMINO server that names no backend still ends on flashinfer, and
+    starts. A plain server on the same platform keeps SGLang's default; a backend the user
+    names is refused by its flag."""
+    base = ["--model-path", str(target_path)]
+    domino = base + ["--speculative-algorithm", "DOMINO",
+                     "--speculative-draft-model-path", str(drafter)]
+    view = launcher_resolution(platform, domino)
+    assert (view.attention_backend, view.speculative_draft_attention_backend) == (
+        "flashinfer", "flashinfer")
+    default = {"hopper": "fa3", "blackwell": "trtllm_mha"}[platform]
+    assert launcher_resolution(platform, base).attention_backend == default
+    with pytest.raises(DominoArgsError, match=f"--attention-backend {default} builds every"):
+        launcher_resolution(platform, domino + ["--attention-backend", default])

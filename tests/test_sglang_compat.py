@@ -82,6 +82,15 @@ def test_hook_targets_exist():
         assert hasattr(_resolve("sglang.srt.plugins.hook_registry.HookType"), when)
 
 
+def test_resolution_steps_are_overridable_and_run_by_the_pipeline():
+    from sglang.srt.arg_groups import pipeline
+    from sglang.srt.arg_groups.resolution_hooks import _OVERRIDABLE_HOOKS
+
+    source = inspect.getsource(pipeline.run_resolution_pipeline)
+    for step in sglang_compat.RESOLUTION_STEPS.values():
+        assert step in _OVERRIDABLE_HOOKS and f"run_hook({step}," in source, step
+
+
 @pytest.mark.parametrize("name,module", sorted(sglang_compat.LAZY.items()))
 def test_lazy_reexports_are_sglangs_objects(name, module):
     assert getattr(sglang_compat, name) is getattr(importlib.import_module(module), name)
