@@ -136,6 +136,7 @@ class RolloutGraphs:
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.buffers: dict[int, dict[str, torch.Tensor]] = {}  # bucket -> name -> buffer
         self.runners: dict[tuple, StaticRunner] = {}
+        self.input_rows = self._input_rows()
 
     def eager_reason(self, bs: int, sampled: bool, history_len: int | None = None) -> str | None:
         """Why a round of bs requests cannot use the runners (a label of
@@ -207,9 +208,14 @@ class RolloutGraphs:
     def _fill(self, bucket: int, z: torch.Tensor, bonus: torch.Tensor,
               history: torch.Tensor | None, lens: torch.Tensor | None
               ) -> dict[str, torch.Tensor]:
+        """Copy the round's rows into the bucket's buffers and reset its padding rows (bs..) to
+        their harmless values: rows left from an earlier, larger batch would otherwise keep
+        their history lengths, past a narrower history buffer of this round."""
         bs, length = z.shape[0], z.shape[1]
         self._inputs(bucket)
         bufs = self.buffers[bucket]
+        for name, (_shape, _dtype, fill) in self.input_rows.items():
+            bufs[name][bs:].fill_(fill)
         bufs["z"][:bs, :length].copy_(z)
         bufs["bonus"][:bs].copy_(bonus)
         if history is not None:
@@ -219,19 +225,25 @@ class RolloutGraphs:
             bufs["lens"][:bs].copy_(lens)
         return bufs
 
-    def _inputs(self, bucket: int) -> None:
-        """A bucket's input buffers, padding rows set to harmless values (a temperature of 1,
-        no top-k / top-p / min-p filter, a one-token history)."""
-        b = self._buffer
-        b(bucket, "z", (self.block, self.hidden), self.dtype, 0)
-        b(bucket, "bonus", (), torch.int64, 0)
-        for name, fill in (("temperature", 1.0), ("top_p", 1.0), ("min_p", 0.0)):
-            b(bucket, name, (), torch.float32, fill)
-        b(bucket, "top_k", (), torch.int64, _TOP_K_OFF)
-        b(bucket, "seed", (), torch.int64, 0)
-        b(bucket, "u", (self.block - 1,), torch.float64, 0.5)  # sampling.seeded_uniform's
+    def _input_rows(self) -> dict[str, tuple[tuple[int, ...], torch.dtype, float]]:
+        """A bucket's input buffers: name -> (row shape, dtype, a padding row's value: a
+        temperature of 1, no top-k / top-p / min-p filter, a one-token history)."""
+        inputs = {"z": ((self.block, self.hidden), self.dtype, 0),
+                  "bonus": ((), torch.int64, 0),
+                  "temperature": ((), torch.float32, 1.0),
+                  "top_p": ((), torch.float32, 1.0),
+                  "min_p": ((), torch.float32, 0.0),
+                  "top_k": ((), torch.int64, _TOP_K_OFF),
+                  "seed": ((), torch.int64, 0),
+                  "u": ((self.block - 1,), torch.float64, 0.5)}  # sampling.seeded_uniform's
         if self.copy_gate is not None:
-            b(bucket, "lens", (), torch.int64, 1)
+            inputs["lens"] = ((), torch.int64, 1)
+        return inputs
+
+    def _inputs(self, bucket: int) -> None:
+        """A bucket's input buffers (`input_rows`), allocated on first use."""
+        for name, (shape, dtype, fill) in self.input_rows.items():
+            self._buffer(bucket, name, shape, dtype, fill)
 
     def runner(self, key: tuple) -> StaticRunner:
         """The runner of `key`, built (captured) on first use."""

@@ -159,3 +159,31 @@ def test_greedy_runners_built_up_front_per_bucket_and_length():
     z, bonus = torch.randn(3, B, H), torch.randint(0, V, (3,))
     graphs.greedy(z, bonus)
     assert len(graphs.runners) == built  # a round reuses its bucket's runner
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_padding_rows_never_index_past_a_narrower_history(sampled):
+    """A padded batch's spare rows are reset on every round: after a bs 4 round at history width
+    512, a bs 2 round at width 256 in the same bucket must not read the earlier rows' lengths
+    (300 > 256: an index past the buffer, a device assert on CUDA)."""
+    head, gate = make_head(5), _gate(0.5)
+    graphs = RolloutGraphs(head, B, H, torch.float32, "cpu", candidate_pool=0, use_head=True,
+                           temperature_scale=1.0, copy_gate=gate, history_cap=4096,
+                           capture=False, buckets=(4,))
+    g = torch.Generator().manual_seed(11)
+    for bs, t in ((4, 300), (2, 40)):
+        history = torch.randint(0, 3, (bs, t), generator=g)
+        lens = torch.full((bs,), t)
+        bonus = history.gather(1, (lens - 1)[:, None]).squeeze(1)
+        z = torch.randn(bs, B, H, generator=g)
+        copy = DevicePointerCopy(gate, history, lens, B - 1)
+        with torch.no_grad():
+            if sampled:
+                rows = _rows(bs, "plain")
+                u = torch.rand(bs, B - 1, generator=g, dtype=torch.float64)
+                want, _ = sampled_rollout(z, bonus, head, rows, u, 0, copy=copy)
+                got, _ = graphs.sampled(z, bonus, rows, u, history=history, lens=lens)
+            else:
+                want = greedy_rollout(z, bonus, head, 0, copy=copy)
+                got = graphs.greedy(z, bonus, history, lens)[0]
+        assert torch.equal(got, want), (bs, t)
