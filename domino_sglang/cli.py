@@ -17,6 +17,7 @@ from pathlib import Path
 
 from domino_sglang import paths
 from domino_sglang.guards import flag_value, redact_command
+from domino_sglang.server_flags import GUARDS_FLAG
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -55,6 +56,8 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
         "--port", str(args.port),
         "--enable-metrics",
     ]
+    if not _has_flag(extra, GUARDS_FLAG):  # serve's servers are guarded, DOMINO or not
+        cmd += [GUARDS_FLAG, "on"]
     if args.api_key:
         cmd += ["--api-key", args.api_key]
     if args.admin_api_key:
@@ -155,7 +158,7 @@ def cmd_init_drafter(args: argparse.Namespace) -> int:
 
 def cmd_draft_vocab(args: argparse.Namespace) -> int:
     from domino_sglang.config import DrafterConfigError, load_draft_config
-    from domino_sglang.vocab import build_draft_vocab, write_draft_vocab
+    from domino_sglang.vocab import build_draft_vocab, special_token_ids, write_draft_vocab
 
     try:
         conf = load_draft_config(args.drafter)
@@ -166,8 +169,12 @@ def cmd_draft_vocab(args: argparse.Namespace) -> int:
               f"vocab_size), got {args.size}")
     if not args.data.is_file():
         _fail(f"draft-vocab: --data {args.data} not found (a regenerated JSONL)")
+    target = args.target or paths.target_dir()
+    if not Path(target).is_dir():
+        _fail(f"draft-vocab: --target {target} is not a folder (the target's checkpoint)")
     try:
-        ids = build_draft_vocab(args.data, args.size, args.max_id)
+        ids = build_draft_vocab(args.data, args.size, args.max_id,
+                                always=special_token_ids(target))
     except (KeyError, ValueError) as exc:
         _fail(f"draft-vocab: --data {args.data} is not a regenerated JSONL ({exc!r})")
     print(write_draft_vocab(args.drafter, ids, source=args.data.name, max_id=args.max_id))
@@ -500,6 +507,9 @@ def make_parser() -> argparse.ArgumentParser:
     v.add_argument("--size", type=int, default=8192, help="tokens kept (default 8192)")
     v.add_argument("--max-id", type=int, default=None,
                    help="only records with id <= this (the training records)")
+    v.add_argument("--target", default=None,
+                   help="the target's folder, whose special tokens are always kept (default: "
+                        "the prepared demo target)")
 
     t = sub.add_parser("train", help="train a Domino drafter (base-anchored curriculum)")
     t.add_argument("--config", type=Path, default=None,

@@ -1,9 +1,10 @@
-"""Guards the stock SGLang 0.5.23 server lacks, installed by the plugin in every SGLang process.
+"""Guards the stock SGLang 0.5.23 server lacks, for the servers that asked for them.
 
-They apply to every server the plugin is installed in, DOMINO or not (they fix SGLang's own 500s
-and crashes); `--domino-request-guards off` (server_flags.py) turns off the request checks below
-(bodies, token ids, logprob counts). The log redaction and the access rules (security.py:
-origins, hosts, admin routes) stay on either way.
+They apply to a server that runs DOMINO, was started by `domino-sglang serve`, or was given
+`--domino-guards on` (server_flags.guards_apply); any other SGLang server in the environment
+behaves as stock SGLang. `--domino-request-guards off` turns off the request checks below
+(bodies, token ids, logprob counts) of a guarded server; its log redaction and access rules
+(security.py: origins, hosts, admin routes) stay on.
 
 - Out-of-vocabulary prompt token ids (`/generate` `input_ids`, a token-id `prompt` on
   `/v1/completions`) reach the target's embedding unchecked and raise IndexError in the
@@ -99,11 +100,13 @@ def install_log_redaction(argv: list[str] | None = None) -> list[str]:
 def check_input_ids(tokenizer_manager, obj, input_ids) -> None:
     """BEFORE hook of `TokenizerManager._validate_one_request`: every prompt id, every id asked
     for in `token_ids_logprob`, and `top_logprobs_num` within the vocabulary (each out of range
-    killed the scheduler: IndexError in the embedding, `torch.topk` out of range). Off with
-    --domino-request-guards off (in the process that parsed it; elsewhere the default, on)."""
+    killed the scheduler: IndexError in the embedding, `torch.topk` out of range). Only on a
+    guarded server (server_flags.guards_apply), off with --domino-request-guards off."""
     from domino_sglang import server_flags
 
-    if not server_flags.current().request_guards:
+    options = server_flags.current()
+    if not options.request_guards or not server_flags.guards_apply(
+            getattr(tokenizer_manager, "server_args", None), options):
         return
     vocab = tokenizer_manager.model_config.vocab_size
     if input_ids and isinstance(input_ids, list) and not isinstance(input_ids[0], list):
@@ -323,15 +326,17 @@ def _replay(body: bytes, receive, last: dict | None = None):
 
 
 def install_http_guards(server_args) -> bool:
-    """Add RequestGuard and the access rules (security.py) to SGLang's HTTP app, in the process
-    that serves it (the one that has imported http_server before plugins load); False
-    elsewhere or if it already started."""
+    """Add RequestGuard and the access rules (security.py) to SGLang's HTTP app of a guarded
+    server (server_flags.guards_apply), in the process that serves it (the one that has
+    imported http_server before plugins load); False elsewhere, for any other server, or if the
+    app already started."""
     from domino_sglang import security, server_flags, sglang_compat
 
     http = sglang_compat.loaded_http_server()
-    if http is None or getattr(http.app, "_domino_guards", False):
-        return False
     options = server_flags.current()
+    if (http is None or getattr(http.app, "_domino_guards", False)
+            or not server_flags.guards_apply(server_args, options)):
+        return False
     try:
         if options.request_guards:  # --domino-request-guards off: SGLang's own handling
             http.app.add_middleware(RequestGuard, max_bytes=options.max_request_bytes,
@@ -351,9 +356,10 @@ def _before_launch(*args, **kwargs) -> None:
 
 def register_guards() -> None:
     """Hook the checks into SGLang (SGLang applies hooks after every plugin has loaded)."""
-    from domino_sglang import sglang_compat
+    from domino_sglang import server_flags, sglang_compat
 
-    install_log_redaction()
+    if server_flags.guards_wanted(sys.argv):
+        install_log_redaction()
     import multiprocessing
 
     hooks = {}

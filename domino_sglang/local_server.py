@@ -88,12 +88,16 @@ BIND_FAILED = ("is already in use; choose another --port", "error while attempti
 
 def start_server(name: str, serve_args: list[str], sglang_args: list[str] | None = None,
                  timeout: float = 600.0, env: dict | None = None, threads: int = 1,
-                 attempts: int = 3) -> Server:
+                 attempts: int = 3, stock: bool = False) -> Server:
     """Launch `domino-sglang serve` and wait until /health answers 200 (or fail with its log);
-    a port taken before the server bound it is retried on a new port, `attempts` times in all."""
+    a port taken before the server bound it is retried on a new port, `attempts` times in all.
+    `stock`: SGLang's own `sglang serve SGLANG_ARGS` instead, as a user launches it (no
+    `serve_args`; `env` must carry what the CPU needs: SGLANG_USE_CPU_ENGINE, OMP_NUM_THREADS)."""
+    if stock and serve_args:
+        raise ValueError("start_server: a stock SGLang launch takes no serve_args")
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     for _ in range(attempts):
-        server = _launch(name, serve_args, sglang_args, env, threads)
+        server = _launch(name, serve_args, sglang_args, env, threads, stock)
         try:
             if _wait_healthy(server, timeout):
                 return server
@@ -106,13 +110,18 @@ def start_server(name: str, serve_args: list[str], sglang_args: list[str] | None
 
 
 def _launch(name: str, serve_args: list[str], sglang_args: list[str] | None, env: dict | None,
-            threads: int) -> Server:
+            threads: int, stock: bool = False) -> Server:
     port = free_port()
     log_path = LOG_DIR / f"{name}-{port}.log"
-    cmd = [sys.executable, "-m", "domino_sglang.cli", "serve", "--port", str(port),
-           "--threads", str(threads), *serve_args]
-    if sglang_args:
-        cmd += ["--", *sglang_args]
+    if stock:
+        from domino_sglang.cli import sglang_serve_argv
+
+        cmd = [*sglang_serve_argv(), "--port", str(port), *(sglang_args or [])]
+    else:
+        cmd = [sys.executable, "-m", "domino_sglang.cli", "serve", "--port", str(port),
+               "--threads", str(threads), *serve_args]
+        if sglang_args:
+            cmd += ["--", *sglang_args]
     full_env = {**os.environ, **(env or {})}
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,

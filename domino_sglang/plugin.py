@@ -10,9 +10,11 @@ installs cannot depend on them; each piece limits itself instead:
     hooks (algorithm.py: `clip_max_new_tokens`, `cumulate_penalties`,
     `refuse_unsupported_outputs`) return at once unless the server's speculative algorithm is
     DOMINO, and the worker and drafter model class are only built when it is.
-  - Every server: the request guards and access rules (guards.py, security.py), which fix
-    stock SGLang 500s and crashes (`--domino-request-guards off` turns the request checks off),
-    and the plugin's flags (server_flags.py, options.py).
+  - Guarded servers only (a DOMINO server, one started by `domino-sglang serve`, or one given
+    `--domino-guards on`): the request guards, access rules and log redaction (guards.py,
+    security.py), which fix stock SGLang 500s and crashes; every other server in the
+    environment behaves as stock SGLang. The plugin's flags (server_flags.py, options.py) are
+    added to every server's parser: they change nothing unless given.
 """
 
 from __future__ import annotations

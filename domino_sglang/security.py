@@ -1,7 +1,8 @@
 """Who may call the server: admin routes, browser origins, Host names, the websocket key.
 
-Installed by the plugin into every SGLang HTTP server it loads into (DOMINO or not), because
-SGLang 0.5.23's own defaults let one request take a server down or act as its admin:
+Installed by the plugin into a guarded server (server_flags.guards_apply: DOMINO, `domino-sglang
+serve`, or `--domino-guards on`), because SGLang 0.5.23's own defaults let one request take a
+server down or act as its admin:
 - routes SGLang marks "admin optional" (`/update_weights_*`, `/flush_cache`, `/abort_request`
   with `abort_all`, `/start_profile`, `/slow_down`, `/release_memory_occupation`, ...) accept the
   ordinary `--api-key`, and any caller at all on a keyless server. Here every admin route (SGLang's

@@ -35,6 +35,38 @@ class HttpOptions:
     allowed_hosts: tuple[str, ...] = ()  # Host header values beyond the bind's own names
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     request_guards: bool = True  # guards.py's request checks (413 / 400 instead of SGLang 500s)
+    guards: bool | None = None  # --domino-guards: on / off; None: on for DOMINO servers only
+
+
+GUARDS_FLAG = "--domino-guards"
+
+
+def guards_apply(server_args, options: HttpOptions | None = None) -> bool:
+    """Whether this server gets the plugin's HTTP guards, access rules and log redaction: a
+    server that runs DOMINO (or was started by `domino-sglang serve`, which passes
+    `--domino-guards on`), or one started with `--domino-guards on`. Every other SGLang server
+    in the environment behaves as stock SGLang."""
+    options = current() if options is None else options
+    if options.guards is not None:
+        return options.guards
+    from domino_sglang.algorithm import NAME
+
+    return str(getattr(server_args, "speculative_algorithm", None) or "").upper() == NAME
+
+
+def guards_wanted(argv: list[str]) -> bool:
+    """guards_apply read from a command line, for what must be decided before SGLang parses it
+    (the log redaction, installed as each process loads the plugin)."""
+    from domino_sglang.algorithm import NAME
+    from domino_sglang.guards import flag_value
+
+    flag = flag_value(argv, GUARDS_FLAG)
+    if flag is not None:
+        try:
+            return _on_off(flag)
+        except argparse.ArgumentTypeError:
+            return True  # SGLang's parser refuses it by name; redact meanwhile
+    return str(flag_value(argv, "--speculative-algorithm") or "").upper() == NAME
 
 
 _options = HttpOptions()
@@ -80,6 +112,11 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         return
     group = parser.add_argument_group("domino_sglang HTTP guards")
     group.add_argument(
+        GUARDS_FLAG, type=_on_off, default=None, metavar="on|off",
+        help="the guards below, the access rules and the API-key log redaction on this server. "
+             "Default: on for a server that runs --speculative-algorithm DOMINO or was started "
+             "by `domino-sglang serve`, off (stock SGLang behaviour) for any other.")
+    group.add_argument(
         "--domino-allowed-origins", type=_names, default=(), metavar="ORIGIN[,ORIGIN...]",
         help="browser origins allowed to call the API (CORS), e.g. https://app.example.com; "
              "'*' allows any. Default: none (SGLang alone allows every origin with "
@@ -95,7 +132,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         help=f"largest request body accepted, else 413 (default {DEFAULT_MAX_REQUEST_BYTES}).")
     group.add_argument(
         "--domino-request-guards", type=_on_off, default=True, metavar="on|off",
-        help="the request checks of guards.py on every server, DOMINO or not: a 413 / 400 "
+        help="the request checks of guards.py on a guarded server (--domino-guards): a 413 / 400 "
              "naming the problem for bodies, token ids and logprob counts that stock SGLang "
              "answers with a 500 or dies on. Default on; the access rules above and the API-key "
              "log redaction stay on either way.")
@@ -133,7 +170,8 @@ def read_flags(namespace: argparse.Namespace) -> HttpOptions:
         allowed_hosts=tuple(getattr(namespace, "domino_allowed_hosts", ()) or ()),
         max_request_bytes=int(getattr(namespace, "domino_max_request_bytes",
                                       DEFAULT_MAX_REQUEST_BYTES)),
-        request_guards=bool(getattr(namespace, "domino_request_guards", True)))
+        request_guards=bool(getattr(namespace, "domino_request_guards", True)),
+        guards=getattr(namespace, "domino_guards", None))
     return _options
 
 

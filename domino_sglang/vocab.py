@@ -25,7 +25,6 @@ import torch
 from domino_sglang.config import DrafterConfigError
 
 FILE = "draft_vocab.json"
-ALWAYS = (1, 2)  # <|im_start|>, <|im_end|> (eos) of the SmolLM2 chat template
 MAX_BYTES = 64 << 20  # the ids of a 151k vocabulary take ~1 MB
 
 
@@ -61,11 +60,37 @@ def load_draft_vocab_file(path: str | Path, vocab_size: int) -> torch.Tensor:
     return torch.tensor(sorted(ids), dtype=torch.int64)
 
 
-def build_draft_vocab(data: str | Path, size: int, max_id: int | None = None,
-                      skip_ids: list[int] | None = None) -> list[int]:
-    """The `size` most frequent tokens of the answers (`output_ids`) of a regenerated JSONL with
-    record ids <= max_id and outside skip_ids [first, last] (ties: lower id first), plus ALWAYS;
+def special_token_ids(target: str | Path) -> list[int]:
+    """The token ids a draft vocabulary always keeps, from the target itself: its tokenizer's
+    special tokens (BOS, EOS, PAD, the chat template's role markers and every added token
+    marked special) and the BOS / EOS ids of its config.json (a list for targets with several
+    stop tokens); a target folder without a tokenizer gives its config's ids alone;
     ascending."""
+    from transformers import AutoTokenizer
+
+    ids: set[int] = set()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(target))
+    except (OSError, ValueError):  # weights and config only: the config's ids below
+        tokenizer = None
+    if tokenizer is not None:
+        ids.update(tokenizer.all_special_ids)
+        ids.update(i for i, tok in tokenizer.added_tokens_decoder.items() if tok.special)
+    config = Path(target) / "config.json"
+    if config.is_file():
+        doc = json.loads(config.read_text())
+        for key in ("bos_token_id", "eos_token_id"):
+            value = doc.get(key)
+            ids.update(value if isinstance(value, list) else [] if value is None else [value])
+    return sorted(i for i in ids if isinstance(i, int) and i >= 0)
+
+
+def build_draft_vocab(data: str | Path, size: int, max_id: int | None = None,
+                      skip_ids: list[int] | None = None, *, always: list[int]) -> list[int]:
+    """The `size` most frequent tokens of the answers (`output_ids`) of a regenerated JSONL with
+    record ids <= max_id and outside skip_ids [first, last] (ties: lower id first), plus
+    `always` (special_token_ids of the target: they end turns, so the drafter must be able to
+    propose them); ascending."""
     counts: Counter[int] = Counter()
     with open(data) as f:
         for line in f:
@@ -74,7 +99,7 @@ def build_draft_vocab(data: str | Path, size: int, max_id: int | None = None,
             if (max_id is None or rec["id"] <= max_id) and not skipped:
                 counts.update(rec["output_ids"])
     ranked = sorted(counts, key=lambda t: (-counts[t], t))
-    keep = set(ALWAYS)
+    keep = set(always)
     for t in ranked:
         if len(keep) >= size:
             break

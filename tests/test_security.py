@@ -198,7 +198,8 @@ def test_request_guards_flag_switches_the_request_checks(capsys):
 
     parser = argparse.ArgumentParser()
     server_flags.add_flags(parser)
-    manager = SimpleNamespace(model_config=SimpleNamespace(vocab_size=10))
+    manager = SimpleNamespace(model_config=SimpleNamespace(vocab_size=10),
+                              server_args=SimpleNamespace(speculative_algorithm="DOMINO"))
     request = SimpleNamespace(top_logprobs_num=None, token_ids_logprob=None)
     try:
         assert server_flags.read_flags(parser.parse_args([])).request_guards
@@ -213,3 +214,62 @@ def test_request_guards_flag_switches_the_request_checks(capsys):
                 in capsys.readouterr().err)
     finally:
         server_flags.read_flags(parser.parse_args([]))
+
+
+def test_only_the_servers_that_asked_are_guarded(monkeypatch):
+    """The plugin is loaded by every SGLang server in the environment; only a DOMINO server or
+    one given --domino-guards on (as `domino-sglang serve` passes it) gets the guards, the access
+    rules and the log redaction. Any other keeps stock SGLang's app and request handling."""
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    from domino_sglang import guards, sglang_compat
+
+    parser = argparse.ArgumentParser()
+    server_flags.add_flags(parser)
+    plain = SimpleNamespace(speculative_algorithm=None, host="127.0.0.1", api_key=None,
+                            admin_api_key=None, expert_distribution_recorder_mode=None)
+    domino = SimpleNamespace(**{**vars(plain), "speculative_algorithm": "DOMINO"})
+    request = SimpleNamespace(top_logprobs_num=None, token_ids_logprob=None)
+
+    def served(server_args, argv: list[str]) -> tuple[list, bool]:
+        """(the app's middleware after the launch hook, whether an out-of-vocabulary id is
+        refused) for a server started with `argv`."""
+        server_flags.read_flags(parser.parse_args(argv))
+        http = ModuleType(sglang_compat.HTTP_SERVER)
+        http.app = FastAPI()
+        monkeypatch.setitem(sys.modules, sglang_compat.HTTP_SERVER, http)
+        guards.install_http_guards(server_args)
+        manager = SimpleNamespace(model_config=SimpleNamespace(vocab_size=10),
+                                  server_args=server_args)
+        try:
+            guards.check_input_ids(manager, request, [1, 99])
+            refused = False
+        except ValueError:
+            refused = True
+        return [m.cls.__name__ for m in http.app.user_middleware], refused
+
+    try:
+        assert served(plain, []) == ([], False)  # stock: nothing added, SGLang's own handling
+        assert served(plain, ["--domino-guards", "off"]) == ([], False)
+        assert served(plain, ["--domino-guards", "on"]) == (["AccessGuard", "RequestGuard"], True)
+        assert served(domino, []) == (["AccessGuard", "RequestGuard"], True)
+        assert served(domino, ["--domino-request-guards", "off"]) == (["AccessGuard"], False)
+    finally:
+        server_flags.read_flags(parser.parse_args([]))
+    wanted = server_flags.guards_wanted
+    assert not wanted(["sglang", "serve", "--model-path", "m", "--api-key", "k"])
+    assert wanted(["sglang", "serve", "--speculative-algorithm=domino"])
+    assert wanted(["sglang", "serve", "--domino-guards", "on"])
+    assert not wanted(["sglang", "serve", "--speculative-algorithm", "DOMINO",
+                       "--domino-guards", "off"])
+
+
+def test_serve_guards_its_servers_unless_told_otherwise(target_path):
+    from domino_sglang import cli
+
+    for extra, want in (([], "on"), (["--domino-guards", "off"], "off")):
+        ns = cli.make_parser().parse_args(["serve", "--model-path", str(target_path),
+                                           "--device", "cpu", "--no-speculation"])
+        cmd, _ = cli.build_serve_command(ns, extra)
+        assert cmd[len(cmd) - 1 - cmd[::-1].index("--domino-guards") + 1] == want

@@ -30,12 +30,29 @@ def _data(tmp_path):
 
 def test_build_keeps_the_most_frequent_answer_tokens(tmp_path):
     data = _data(tmp_path)
-    # counts up to id 1: 5 x3, 7 x3, 4 x2, 3 x1, 8 x1 (prompt tokens never count)
-    assert build_draft_vocab(data, size=4, max_id=1) == [1, 2, 5, 7]  # ties: lower id first
-    assert build_draft_vocab(data, size=5, max_id=1) == [1, 2, 4, 5, 7]
-    assert build_draft_vocab(data, size=3, max_id=None) == [1, 2, 6]  # record 9 counts now
+    # counts up to id 1: 5 x3, 7 x3, 4 x2, 3 x1, 8 x1 (prompt tokens never count); ties: lower
+    # id first; the always-kept ids count towards the size
+    assert build_draft_vocab(data, size=4, max_id=1, always=[1, 2]) == [1, 2, 5, 7]
+    assert build_draft_vocab(data, size=5, max_id=1, always=[1, 2]) == [1, 2, 4, 5, 7]
+    # record 9 counts now
+    assert build_draft_vocab(data, size=3, max_id=None, always=[1, 2]) == [1, 2, 6]
     # skipping id 0 (a gap filled later) leaves 7 x1, 4 x2, 8 x1 and record 9's 6 x6
-    assert build_draft_vocab(data, size=4, skip_ids=[0, 0]) == [1, 2, 4, 6]
+    assert build_draft_vocab(data, size=4, skip_ids=[0, 0], always=[1, 2]) == [1, 2, 4, 6]
+
+
+def test_always_kept_tokens_come_from_the_target(tmp_path, target_path):
+    """The tokens every draft vocabulary keeps are the target's own special tokens (its
+    tokenizer's, its config's BOS / EOS), never one model's constants."""
+    from domino_sglang.vocab import special_token_ids
+
+    other = tmp_path / "other-target"  # weights and config only: the config's ids
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"bos_token_id": 3, "eos_token_id": [8, 6]}))
+    assert special_token_ids(other) == [3, 6, 8]
+    assert build_draft_vocab(_data(tmp_path), size=4, max_id=1,
+                             always=special_token_ids(other)) == [3, 5, 6, 8]
+    smol = special_token_ids(target_path)  # SmolLM2: <|endoftext|>, <|im_start|>, <|im_end|>, ...
+    assert {0, 1, 2} <= set(smol) and len(smol) < 100
 
 
 def test_write_then_load_round_trips_sorted(tmp_path):
@@ -78,9 +95,12 @@ def test_cli_writes_the_file_and_rejects_bad_input(tmp_path):
     drafter = tmp_path / "drafter"
     drafter.mkdir()
     (drafter / "config.json").write_text((shipped_drafter_dir() / "config.json").read_text())
+    target = tmp_path / "target"  # its special tokens: BOS 1, EOS 2
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
     cli = [sys.executable, "-m", "domino_sglang.cli", "draft-vocab", str(drafter)]
-    ok = subprocess.run([*cli, "--data", str(_data(tmp_path)), "--size", "3"],
-                        capture_output=True, text=True)
+    ok = subprocess.run([*cli, "--data", str(_data(tmp_path)), "--size", "3", "--target",
+                         str(target)], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert json.loads((drafter / FILE).read_text())["ids"] == [1, 2, 6]
     bad = subprocess.run([*cli, "--data", str(tmp_path / "missing.jsonl")],

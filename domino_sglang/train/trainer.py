@@ -37,7 +37,12 @@ from domino_sglang.model import DominoDrafter, init_drafter_weights, save_drafte
 from domino_sglang.pointer import CopyIndex, PointerCopy, copy_table, gate_inputs
 from domino_sglang.train.curriculum import IGNORE, accuracies, block_loss, lambda_at, tau_sim
 from domino_sglang.vocab import FILE as VOCAB_FILE
-from domino_sglang.vocab import build_draft_vocab, load_draft_vocab, write_draft_vocab
+from domino_sglang.vocab import (
+    build_draft_vocab,
+    load_draft_vocab,
+    special_token_ids,
+    write_draft_vocab,
+)
 
 
 class TrainConfigError(ValueError):
@@ -868,8 +873,9 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
                 weights.update(warm_start_weights(target, dconf0))
             save_drafter(seed_dir, dcfg, weights, dtype=torch.float32)
     if rank == 0 and conf.draft_vocab and not (out / VOCAB_FILE).exists():  # fixed for resumes
-        write_draft_vocab(out, build_draft_vocab(data, conf.draft_vocab, top, conf.skip_ids),
-                          source=Path(data).name, max_id=top)
+        ids = build_draft_vocab(data, conf.draft_vocab, top, conf.skip_ids,
+                                always=special_token_ids(target))
+        write_draft_vocab(out, ids, source=Path(data).name, max_id=top)
     if world > 1:
         torch.distributed.barrier()
     dconf = load_draft_config(seed_dir)
