@@ -72,6 +72,22 @@ def _spec_class():
     return DominoSpec
 
 
+def _local_drafter(server_args, path: str) -> str:
+    """The drafter's folder: a hub id (`org/name`) becomes its local snapshot, downloaded
+    unless HF_HUB_OFFLINE is set, as `domino-sglang serve --drafter` resolves it (hub.py)."""
+    from domino_sglang import hub
+
+    if not hub.is_hub_id(path):
+        return path
+    try:
+        local = str(hub.resolve_folder(path, "--speculative-draft-model-path",
+                                       allow_patterns=hub.DRAFTER_FILES))
+    except hub.HubError as exc:
+        raise DominoArgsError(str(exc)) from exc
+    _set(server_args, "speculative_draft_model_path", local, f"the local snapshot of {path}")
+    return local
+
+
 def _set(server_args, field: str, value, why: str) -> None:
     old = getattr(server_args, field, None)
     if old != value:
@@ -86,6 +102,7 @@ def resolve_server_args(server_args) -> None:
     path = server_args.speculative_draft_model_path
     if not path:
         raise DominoArgsError("DOMINO needs --speculative-draft-model-path (a Domino drafter)")
+    path = _local_drafter(server_args, str(path))
     if int(getattr(server_args, "pp_size", 1) or 1) != 1:
         raise DominoArgsError("DOMINO does not support pipeline parallelism (--pp-size must be 1)")
     if int(getattr(server_args, "tp_size", 1) or 1) != 1:

@@ -115,3 +115,37 @@ def test_is_hub_id(tmp_path):
     (tmp_path / "org").mkdir()
     (tmp_path / "org" / "name").mkdir()
     assert not is_hub_id(str(tmp_path / "org" / "name"))  # an existing folder is a folder
+
+
+LAUNCHER = """
+import sys
+from domino_sglang import plugin
+plugin.register()  # as SGLang's plugin loader does before parsing
+from sglang.srt.arg_groups.overrides import resolved_view
+from sglang.srt.server_args import prepare_server_args
+args = prepare_server_args(sys.argv[1:])
+args.resolve_once()
+print("DRAFTER", resolved_view(args).speculative_draft_model_path)
+"""
+
+
+def test_sglangs_own_launcher_resolves_a_drafter_hub_id_offline(hf_home, target_path):
+    """`python -m sglang.launch_server ... --speculative-draft-model-path ORG/NAME` (README's
+    command): SGLang's own argument pipeline, with the plugin loaded, turns the id into its
+    snapshot folder from the cache, offline; an id missing from the cache stops start-up."""
+    hf, snap = hf_home
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE"))}
+    env.update(HF_HOME=str(hf), HF_HUB_OFFLINE="1", SGLANG_USE_CPU_ENGINE="1")
+    argv = ["--model-path", str(target_path), "--device", "cpu", "--attention-backend",
+            "domino_cpu", "--speculative-algorithm", "DOMINO",
+            "--speculative-draft-model-path"]
+    proc = subprocess.run([sys.executable, "-c", LAUNCHER, *argv, DRAFTER_ID],
+                          capture_output=True, text=True, env=env, timeout=300,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"DRAFTER {snap}" in proc.stdout
+    missing = subprocess.run([sys.executable, "-c", LAUNCHER, *argv, "someone/not-cached"],
+                             capture_output=True, text=True, env=env, timeout=300,
+                             stdin=subprocess.DEVNULL)
+    # SGLang reads the draft config itself first (its algorithm alias check) and stops there
+    assert missing.returncode != 0 and "cached files" in missing.stderr
