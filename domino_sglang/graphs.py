@@ -1,29 +1,33 @@
 """Static-buffer runners for the draft side: one function over fixed-shape input buffers, replayed
-as a CUDA graph on CUDA, run eagerly on the same buffers elsewhere (issue 64, item 3).
+as a CUDA graph on CUDA, run eagerly on the same buffers elsewhere.
 
 A `StaticRunner` owns (or is given) its input buffers, the shapes of one batch-size bucket; a call
 copies the round's inputs into them and either replays the captured graph or runs the function
 on them. Outputs are the runner's own, overwritten by its next call. `RolloutGraphs` keeps one
 runner per (batch bucket, L, ...) for the head rollout (greedy, sampled, with a pointer
-drafter's device copy path): rows beyond the batch are padding, their outputs dropped.
+drafter's device copy path): rows beyond the batch are padding, reset every round, their
+outputs dropped.
 
-Where it runs: the worker (worker.py) uses RolloutGraphs on CUDA whenever the target's CUDA
-graphs are on (SGLang's `--disable-cuda-graph` turns them off too), and on the CPU under
-`--speculative-domino-debug-static-rollout on` (the same buffers, eagerly: the tests' view of
-the GPU path). The draft backbone pass is captured by SGLang's own draft graph runner
-(worker.init_cuda_graphs), not here. Torch only: benchmarks/gpu_check.py runs this module on a
-bare CUDA machine.
+Every decision is the same on every device: the buckets are the batch sizes SGLang captured
+(sglang_compat.graph_batch_sizes), the runners built at start-up (`capture_startup`) are the
+only ones captured, and a round whose key was not built then runs its runner eagerly on the
+same buffers (`replayed` says which). On CUDA (SGLang's CUDA graphs on) `capture=True` turns
+the start-up runners into graphs; on the CPU under `--speculative-domino-debug-gpu-shape on`
+the same runners run eagerly (the tests' view of the GPU path). The draft backbone pass is
+captured by SGLang's own draft graph runner (worker.init_cuda_graphs), not here. Torch only:
+benchmarks/gpu_check.py runs this module on a bare CUDA machine.
 
 Verified: on the CPU the static-buffer path, padding included, equals the dynamic rollout token
 for token and q for q (tests/test_graphs.py: greedy / sampled / pointer) and the served output
-equals plain decoding with it on (tests/test_domino_server.py). UNVERIFIED (no GPU in the
-sessions that wrote it): the CUDA capture itself (`capture=True`), written to torch's
-documented recipe (warm-up on a side stream, `torch.cuda.graph` with one shared memory pool,
-replay) and exercised only by benchmarks/gpu_check.py, which has not yet run on a GPU.
+equals plain decoding with it on (tests/test_domino_server.py). UNVERIFIED (no GPU so far): the
+CUDA capture itself (`capture=True`), written to torch's documented recipe (warm-up on a side
+stream, `torch.cuda.graph` with one shared memory pool, replay) and exercised only by
+benchmarks/gpu_check.py.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -32,9 +36,26 @@ from domino_sglang.pointer import DevicePointerCopy
 from domino_sglang.rollout import HeadParams, greedy_rollout
 from domino_sglang.sampling import SamplingRows, sampled_rollout
 
-# SGLang's default CUDA-graph batch sizes start 1, 2, 4, 8, then every 8 (graph runner buckets);
-# a batch runs in the smallest bucket holding it, padded
+# Batch-size buckets where SGLang's own capture list is not at hand (unit tests, gpu_check.py):
+# its default sizes start 1, 2, 4, 8, then every 8; a batch runs in the smallest bucket holding it
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
+
+
+# The verify (and short draft) widths captured besides the full block B: a round that wants L
+# tokens verifies the smallest of these >= L, with that many real drafts (RoundPlanner.widths).
+# The GPU's verify costs about as much at B as at 2 (it is launch- and weight-bound), so a few
+# widths cover it; the CPU's cost grows with L, and outside the GPU shape it keeps every L.
+CAPTURED_WIDTHS = (1, 2, 4, 8)
+
+
+def verify_widths(block: int) -> tuple[int, ...]:
+    """The widths rounds verify at when the target's verify runs from captured graphs."""
+    return tuple(sorted({w for w in CAPTURED_WIDTHS if w < block} | {block}))
+
+
+def width_for(length: int, widths: tuple[int, ...]) -> int:
+    """The smallest width >= length (the largest if none is)."""
+    return next((w for w in widths if w >= length), widths[-1])
 
 
 def bucket_for(bs: int, buckets: tuple[int, ...] = BUCKETS) -> int | None:
@@ -100,11 +121,19 @@ SAMPLED_MAX_BUCKET = 16
 HISTORY_WIDTHS = tuple(256 << i for i in range(12))  # 256 .. 512k
 
 
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
 def history_width(tokens: int) -> int:
     """The smallest HISTORY_WIDTHS entry >= tokens (the largest if none is)."""
     return next((w for w in HISTORY_WIDTHS if w >= tokens), HISTORY_WIDTHS[-1])
 
 _TOP_K_OFF = 1 << 30  # a padding row's top-k: no filter (top_k <= 1 would make it greedy)
+# The sampled runners captured at start-up, by their filter flags (need_sort, need_min_p,
+# has_greedy): temperature-only rows, and every filter on (exact for any mix of rows: a flag
+# only skips work its rows do not need). A round with other flags runs the filters-on runner.
+SAMPLED_VARIANTS = ((False, False, False), (True, True, True))
 
 
 class RolloutGraphs:
@@ -115,12 +144,14 @@ class RolloutGraphs:
     a key part too) and, sampled, writing q into one buffer per bucket. Their memory (q of
     bucket 16: 16 x (B-1) x V float32) is the plugin's, outside SGLang's static reservation.
 
-    `capture`: CUDA graphs (one memory pool: safe because a round replays one rollout and
-    consumes its outputs before the next); greedy runners are captured at start-up
-    (`capture_greedy`, the smallest history width), the others on a key's first round. Without
-    `capture` the same runners run eagerly over the same buffers. Rows bs..bucket-1 are
-    padding: every op of the rollout is row-wise, so they never reach a real row, and their
-    outputs are dropped.
+    `buckets`: the batch sizes SGLang captured its decode graphs for. `capture`: CUDA graphs
+    (one memory pool: safe because a round replays one rollout and consumes its outputs before
+    the next), for the runners `capture_startup` builds (greedy: every bucket, L = 2..B, the
+    smallest history width; sampled: buckets up to SAMPLED_MAX_BUCKET, L = 2..B, the
+    SAMPLED_VARIANTS, no logit bias); a key first seen while serving gets a runner that runs
+    eagerly (never a capture inside a serving round). Without `capture` every runner runs
+    eagerly over the same buffers. Rows bs..bucket-1 are padding: every op of the rollout is
+    row-wise, so they never reach a real row, and their outputs are dropped.
     `copy_gate`: a pointer drafter's gate, copy index on the device (pointer.DevicePointerCopy),
     or None."""
 
@@ -136,6 +167,8 @@ class RolloutGraphs:
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.buffers: dict[int, dict[str, torch.Tensor]] = {}  # bucket -> name -> buffer
         self.runners: dict[tuple, StaticRunner] = {}
+        self.captured: set[tuple] = set()  # the keys built by capture_startup
+        self._starting = False  # inside capture_startup: the only place a runner is captured
         self.input_rows = self._input_rows()
 
     def eager_reason(self, bs: int, sampled: bool, history_len: int | None = None) -> str | None:
@@ -159,7 +192,7 @@ class RolloutGraphs:
         bs, length = z.shape[0], z.shape[1]
         bucket = bucket_for(bs, self.buckets)
         self._fill(bucket, z, bonus, history, lens)
-        out = self.runner(("greedy", bucket, length, self._width(history))).replay()
+        out = self.runner(self.greedy_key(bs, length, history)).replay()
         return out[0][:bs], out[1][:bs], out[2][:bs] if len(out) > 2 else None
 
     def sampled(self, z: torch.Tensor, bonus: torch.Tensor, rows: SamplingRows,
@@ -179,20 +212,61 @@ class RolloutGraphs:
             self._buffer(bucket, "bias", (self.head.vocab_size,), torch.float32, 0)[:bs].copy_(
                 logit_bias)
         self._buffer(bucket, "q", (self.block - 1, self.head.vocab_size), torch.float32, 0)
-        key = ("sampled", bucket, length, self._width(history), rows.need_sort,
-               rows.need_min_p, rows.has_greedy, logit_bias is not None)
-        drafts, q = self.runner(key).replay()
+        drafts, q = self.runner(self.sampled_key(bs, length, history, rows,
+                                                 logit_bias is not None)).replay()
         return drafts[:bs], q[:bs]
 
-    def capture_greedy(self, max_bs: int) -> int:
-        """Build (capture) every greedy runner of the buckets up to max_bs, L = 2..B: the
-        number built."""
+    # ---- which runner a round uses: the one decision, every device ----
+    def greedy_key(self, bs: int, length: int, history: torch.Tensor | None) -> tuple:
+        return ("greedy", bucket_for(bs, self.buckets), length, self._width(history))
+
+    def sampled_key(self, bs: int, length: int, history: torch.Tensor | None,
+                    rows: SamplingRows, bias: bool) -> tuple:
+        flags = (rows.need_sort, rows.need_min_p, rows.has_greedy)
+        variant = flags if flags == SAMPLED_VARIANTS[0] else SAMPLED_VARIANTS[1]
+        return ("sampled", bucket_for(bs, self.buckets), length, self._width(history), *variant,
+                bias)
+
+    def replayed(self, key: tuple) -> bool:
+        """Whether the round of `key` replays a runner built at start-up (a CUDA graph on
+        CUDA); False: it runs eagerly over the static buffers."""
+        return key in self.captured
+
+    def startup_keys(self) -> list[tuple]:
+        """The runners capture_startup builds (class docstring)."""
         width = HISTORY_WIDTHS[0] if self.copy_gate is not None else 0
-        keys = [("greedy", b, n, width) for b in self.buckets if b <= max_bs
-                for n in range(2, self.block + 1)]
-        for key in keys:
-            self.runner(key)
+        lengths = range(2, self.block + 1)
+        keys = [("greedy", b, n, width) for b in self.buckets for n in lengths]
+        keys += [("sampled", b, n, width, *variant, False) for b in self.buckets
+                 if b <= SAMPLED_MAX_BUCKET for n in lengths for variant in SAMPLED_VARIANTS]
+        return keys
+
+    def capture_startup(self) -> int:
+        """Build (capture, with `capture`) every start-up runner: the number built. Later keys
+        run eagerly."""
+        keys = self.startup_keys()
+        self._starting = True
+        try:
+            for key in keys:
+                self.runner(key)
+        finally:
+            self._starting = False
+        self.captured.update(keys)
         return len(keys)
+
+    def buffer_bytes(self) -> int:
+        """The bytes of every buffer the start-up runners use, computed from the shapes alone
+        (outside SGLang's memory reservation: checked against free memory before capture)."""
+        rows = sum(math.prod(shape) * _itemsize(dtype)
+                   for shape, dtype, _fill in self.input_rows.values())
+        total = 0
+        for b in self.buckets:
+            total += b * rows
+            if self.copy_gate is not None:
+                total += b * HISTORY_WIDTHS[0] * _itemsize(torch.int64)
+            if b <= SAMPLED_MAX_BUCKET:  # the sampled q buffer
+                total += b * (self.block - 1) * self.head.vocab_size * _itemsize(torch.float32)
+        return total
 
     def _width(self, history: torch.Tensor | None) -> int:
         return 0 if history is None else history_width(history.shape[1])
@@ -246,7 +320,7 @@ class RolloutGraphs:
             self._buffer(bucket, name, shape, dtype, fill)
 
     def runner(self, key: tuple) -> StaticRunner:
-        """The runner of `key`, built (captured) on first use."""
+        """The runner of `key`, built on first use: captured only inside capture_startup."""
         found = self.runners.get(key)
         if found is None:
             found = self.runners[key] = self._build(key)
@@ -275,6 +349,9 @@ class RolloutGraphs:
                 return (chain, picks) if copy is None else (chain, picks, copy.copied())
         else:
             need_sort, need_min_p, has_greedy, bias = key[4:]
+            self._buffer(bucket, "q", (self.block - 1, self.head.vocab_size), torch.float32, 0)
+            if bias:
+                self._buffer(bucket, "bias", (self.head.vocab_size,), torch.float32, 0)
             inputs.update({name: bufs[name] for name in
                            ("temperature", "top_k", "top_p", "min_p", "seed")})
             inputs.update(u=bufs["u"][:, :n], q=bufs["q"][:, :n])
@@ -289,4 +366,5 @@ class RolloutGraphs:
                 return sampled_rollout(z, bonus, head, rows, u, pool, use_head=use_head,
                                        logit_bias=logit_bias, temperature_scale=scale,
                                        copy=copy_path(history, lens), out=q)
-        return StaticRunner(fn, inputs, capture=self.capture, own=False, pool=self.pool)
+        return StaticRunner(fn, inputs, capture=self.capture and self._starting, own=False,
+                            pool=self.pool)

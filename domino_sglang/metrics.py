@@ -185,11 +185,13 @@ class DominoMetrics:
             ("reason",))
         self.eager_rounds = counter(
             "eager_rounds_total",
-            "Rounds (or a round's part) that ran eagerly on a server with CUDA graphs, by "
-            "`reason`: draft_pass (SGLang's draft graph runner declined the batch), batch_size "
-            "/ sampled_batch_size / history_length (the head rollout's graphs have no bucket "
-            "for it), host_copy_index, plain_verify (a plain round without the width-1 verify "
-            "graphs).", ("reason",))
+            "Rounds (or a round's part) that ran eagerly on a server with CUDA graphs (or in "
+            "the GPU-shaped debug mode), by `reason`: draft_pass (SGLang's draft graph runner "
+            "declined the batch), batch_size / sampled_batch_size / history_length (the head "
+            "rollout's graphs have no bucket for it), not_captured (a rollout key not built at "
+            "start-up, e.g. a logit bias or a longer history: its static buffers run eagerly), "
+            "host_copy_index, verify_width (a verify at a width without captured graphs).",
+            ("reason",))
         self.draft_time = histogram(
             "draft_seconds", "Wall time of one round's draft (backbone + head rollout).",
             TIME_BUCKETS)

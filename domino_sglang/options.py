@@ -152,10 +152,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("plain_decode", parse_bool, ONOFF,
          "plain rounds (L = 1) run the target's DECODE forward; off = a one-token verify "
          "(benchmarks/round_cost.py --plain-verify). Default on.", debug=True),
-    Flag("static_rollout", parse_bool, ONOFF,
-         "the head rollout over static per-batch-bucket buffers (graphs.py) where no CUDA "
-         "graphs capture it, e.g. on the CPU (tests); default: exactly where they do (CUDA "
-         "with SGLang's CUDA graphs on).", debug=True),
+    Flag("gpu_shape", parse_bool, ONOFF,
+         "take every decision the CUDA-graph path takes where no CUDA graphs run, e.g. on the "
+         "CPU (tests): batch buckets from SGLang's capture list, the head rollout over static "
+         "buffers built at start-up, the device copy index, verify and draft widths from the "
+         "captured set; only the capture itself is left out. Default: exactly where CUDA "
+         "graphs run.", debug=True),
     Flag("sync_log", _text, "PATH",
          "count host synchronisations of every decode round, one JSON line per round to PATH "
          "(tests/test_sync_budget.py). Default: not counted.", debug=True),
@@ -183,7 +185,7 @@ class DominoConfig:
     cost: tuple[float, float, float] | None = None
     calibrate: bool = True
     plain_decode: bool = True
-    static_rollout: bool | None = None  # None: where CUDA graphs capture it
+    gpu_shape: bool | None = None  # None: where CUDA graphs run
     sync_log: str | None = None
 
     def line(self) -> str:

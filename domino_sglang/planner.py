@@ -15,7 +15,9 @@ whether the drafter runs. The worker's round only carries the plan out (worker.p
      could all copy instead (`plain_round_may_copy`); a round whose every uncapped request has a
      copy runs no draft pass and the policy sizes it for copies (policy.lookup_len), unless that
      does not pay (the round of step 3 then, copies dropped) or L is pinned (seeds, env);
-  5. a plain round (L = 1) verifies no copies.
+  5. a plain round (L = 1) verifies no copies;
+  6. L is rounded up to a width the target's verify has graphs for (`widths`; every L on a
+     CPU outside the GPU-shaped mode), with that many real drafts.
 Depends on torch, lookup.py, the policy's interface (draft_len, lookup_len, may_copy_instead,
 enabled, pinned) and SGLang's schedule batch (reqs, seq_lens_cpu, spec_info, sampling_info) with
 one SGLang helper, through sglang_compat.py.
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from domino_sglang.graphs import width_for
 from domino_sglang.lookup import LookupDrafts, PromptLookup, has_recurring_suffix
 from domino_sglang.sglang_compat import supports_sampling_mask
 
@@ -120,6 +123,10 @@ class RoundPlanner:
         self.device = device
         self.lookup = lookup
         self.draft_len = draft_len or draft_length_strategy(policy)
+        # the widths a round may verify (graphs.verify_widths where the verify replays captured
+        # graphs): L is rounded up to one, with that many real drafts (padding would be verified
+        # at the same cost and could never be accepted)
+        self.widths: tuple[int, ...] = tuple(range(1, block_size + 1))
         self._warned = False
 
     def plan(self, batch) -> RoundPlan:
@@ -155,6 +162,7 @@ class RoundPlanner:
                 copies, copy_only = None, False
         if copies is not None and length == 1:  # 5: plain decoding after all
             copies, copy_only = None, False
+        length = width_for(length, self.widths)  # 6: at a captured width
         return RoundPlan(length=length, draft_pass=length > 1 and not copy_only, copies=copies,
                          capped_host=capped_host, capped=capped, sampled=not all(greedy_host),
                          seeds=seeds, looked_up=looked_up)

@@ -291,9 +291,12 @@ class DeviceHistories:
             lens.append(n)
         self._grow(max(self.slot.values()) + 1, max(lens))
         bs, m = len(reqs), len(toks)
-        # the round's one host-to-device copy: new tokens (row, col, token), rows, lengths
-        packed = torch.tensor(rows + cols + toks + order + lens, dtype=torch.int64,
-                              device=self.device)
+        # the round's one host-to-device copy: new tokens (row, col, token), rows, lengths;
+        # from pinned memory on CUDA, so it is queued without the host waiting for the stream
+        packed = torch.tensor(rows + cols + toks + order + lens, dtype=torch.int64)
+        if self.device.type == "cuda":
+            packed = packed.pin_memory()
+        packed = packed.to(self.device, non_blocking=True)
         self.buf[packed[:m], packed[m:2 * m]] = packed[2 * m:3 * m]
         index = packed[3 * m:3 * m + bs]
         return self.buf[index, :max(lens)], packed[3 * m + bs:]

@@ -65,6 +65,7 @@ __all__ = [
     "TOUCHPOINTS", "apply_custom_logit_processor", "apply_scaling_penalties",
     "assign_extend_cache_locs_func", "batch_round_state", "bound_runtime",
     "build_draft_tp_worker", "declare_resolution", "decode_graph_batch_sizes",
+    "free_device_memory", "graph_batch_sizes",
     "build_grammar_vocab_mask", "compute_spec_logprobs", "get_bool_env_var", "get_observability",
     "get_parallel", "get_server_args", "get_serving", "get_spec", "host_lens_grown",
     "loaded_http_server", "make_draft_block_spec_info", "make_draft_input_v2",
@@ -252,7 +253,8 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
     "class assigns": {
         # bound_runtime: the width-1 verify runtime swapped in for a plain round
         "sglang.srt.model_executor.model_runner.ModelRunner": (
-            "attn_backend", "decode_cuda_graph_runner"),
+            "attn_backend", "decode_cuda_graph_runner",
+            "decode_cuda_graph_capture_bs"),  # graph_batch_sizes: what was really captured
         # guards.py (model_config.vocab_size), algorithm.py (server_args)
         "sglang.srt.managers.tokenizer_manager.TokenizerManager": ("model_config", "server_args"),
     },
@@ -313,6 +315,30 @@ def decode_graph_batch_sizes(device) -> tuple[int, ...]:
     return () if decode.backend == Backend.DISABLED else tuple(sorted(decode.bs))
 
 
+def graph_batch_sizes(model_runner, captured: tuple[int, ...]) -> tuple[int, ...]:
+    """The batch sizes the draft side's static buffers are built for: the ones SGLang captured
+    its target decode graphs for (`decode_cuda_graph_capture_bs`, what its graph runner really
+    captured: the configured sizes clamped to the request pool), or, where it captured none
+    (`captured` empty: the CPU's GPU-shaped mode), the sizes it would capture, computed as it
+    computes them (its default list, clamped to the request pool)."""
+    real = tuple(sorted(getattr(model_runner, "decode_cuda_graph_capture_bs", None) or ()))
+    if real or captured:
+        return real or tuple(captured)
+    from domino_sglang.graphs import BUCKETS
+
+    pool = int(model_runner.req_to_token_pool.size)
+    return tuple(b for b in BUCKETS if b < pool) + (pool,) if pool <= BUCKETS[-1] else BUCKETS
+
+
+def free_device_memory(device) -> int | None:
+    """Free bytes on a CUDA device (torch.cuda.mem_get_info), None elsewhere."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return None
+    return int(torch.cuda.mem_get_info(torch.device(device))[0])
+
+
 def verify_graph_runtime(model_runner, width: int) -> tuple:
     """A second target runtime whose CUDA graphs verify `width` tokens per request: (attention
     backend with its own workspace, SGLang's DecodeCudaGraphRunner captured for TARGET_VERIFY at
@@ -333,10 +359,13 @@ def verify_graph_runtime(model_runner, width: int) -> tuple:
 
 
 @contextlib.contextmanager
-def bound_runtime(model_runner, runtime: tuple) -> Iterator[None]:
-    """The target's attention backend and decode graph runner swapped for `runtime`'s
+def bound_runtime(model_runner, runtime: tuple | None) -> Iterator[None]:
+    """The model runner's attention backend and decode graph runner swapped for `runtime`'s
     (verify_graph_runtime) while a forward is built and run, restored after (SGLang's UNO
-    worker binds its draft runtime the same way)."""
+    worker binds its draft runtime the same way); None: the runner's own."""
+    if runtime is None:
+        yield
+        return
     saved = model_runner.attn_backend, model_runner.decode_cuda_graph_runner
     model_runner.attn_backend, model_runner.decode_cuda_graph_runner = runtime
     try:

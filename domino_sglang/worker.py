@@ -32,7 +32,7 @@ from domino_sglang.config import (
 from domino_sglang.context import DeferredContext
 from domino_sglang.cpu import linear as cpu_linear
 from domino_sglang.cpu.argmax import argmax
-from domino_sglang.graphs import BUCKETS, RolloutGraphs
+from domino_sglang.graphs import RolloutGraphs, verify_widths
 from domino_sglang.lookup import PromptLookup
 from domino_sglang.metrics import DominoMetrics
 from domino_sglang.model import sglang_draft_model_class
@@ -74,8 +74,10 @@ from domino_sglang.sglang_compat import (
     build_grammar_vocab_mask,
     compute_spec_logprobs,
     decode_graph_batch_sizes,
+    free_device_memory,
     get_bool_env_var,
     get_spec,
+    graph_batch_sizes,
     host_lens_grown,
     make_draft_block_spec_info,
     make_draft_input_v2,
@@ -182,7 +184,8 @@ class DominoWorker(BaseSpecWorker):
         self.copy_gate = gate.to(head_dtype) if gate is not None and head_dtype else gate
         self.copy_indexes: dict[str, CopyIndex] = {}
         # or on the device (pointer.copy_index_on_device: CUDA by default)
-        on_device = gate is not None and copy_index_on_device(self.device, opts.copy_index)
+        on_device = gate is not None and (copy_index_on_device(self.device, opts.copy_index)
+                                          or bool(opts.gpu_shape))
         self.device_histories = DeviceHistories(self.device) if on_device else None
         if self.head.vocab is not None:
             logger.info("DOMINO draft vocabulary: %d of %d tokens (%s)",
@@ -198,13 +201,16 @@ class DominoWorker(BaseSpecWorker):
         # pass, the head rollout's static runners, and the target's width-1 verify runtime
         self.graph_bs: tuple[int, ...] = ()
         self.rollout_graphs: RolloutGraphs | None = None
-        self.width_one: tuple | None = None
+        # the captured target verify runtimes by width (1 and the widths < B; B is the target's
+        # own graphs) and the drafter's by draft width (B: SGLang's draft graph runner)
+        self.verify_runtimes: dict[int, tuple] = {}
+        self.draft_runtimes: dict[int, tuple] = {}
         # the round's stages besides the worker's own: the plan (L, copies; planner.py) and what
         # the round teaches the metrics and the policy (observer.py)
         self.planner = RoundPlanner(
             self.policy, self.block_size, self.device,
             PromptLookup(self.block_size, conf.mask_token_id, self.device) if self.lookup
-            else None)
+            else None)  # its widths: every L until init_cuda_graphs knows the captured ones
         self.observer = RoundObserver(self.metrics, self.policy)
         # plain rounds' draft-context writes, batched until a draft pass needs them (context.py)
         self.context = DeferredContext(self.write_draft_context)
@@ -242,34 +248,56 @@ class DominoWorker(BaseSpecWorker):
         self._draft_worker.init_attention_backends()
 
     def init_cuda_graphs(self):
-        """After the target's graphs (the scheduler's order), where SGLang captures decode
-        graphs (CUDA, no --disable-cuda-graph), at its batch sizes: the draft pass by SGLang's
-        own draft graph runner (TARGET_VERIFY at width B, as its DFLASH worker does), the head
-        rollout's static runners (graphs.py: greedy now, sampled on a key's first round), and a
-        width-1 target verify for plain rounds (plain_round_runtime). Elsewhere nothing is
-        captured; --speculative-domino-debug-static-rollout on runs the rollout's runners
-        eagerly. UNVERIFIED on a GPU: no session that wrote it had one (README, GPU)."""
-        self.graph_bs = graph_bs = decode_graph_batch_sizes(self.device)
-        self._draft_worker.init_cuda_graphs(capture_decode_cuda_graph=bool(graph_bs))
-        static = self.options.static_rollout
-        if static or (static is None and graph_bs):
-            gate = self.copy_gate if self.device_histories is not None else None
-            self.rollout_graphs = RolloutGraphs(
-                self.head, self.block_size, self.conf.hidden_size, self.draft_model_runner.dtype,
-                self.device, candidate_pool=self.candidate_pool, use_head=self.use_head,
-                temperature_scale=self.draft_temperature_scale, copy_gate=gate,
-                history_cap=self.model_runner.model_config.context_len,
-                capture=bool(graph_bs), buckets=graph_bs or BUCKETS)
-            if graph_bs:
-                built = self.rollout_graphs.capture_greedy(max(graph_bs))
-                logger.info("DOMINO: %d greedy head-rollout CUDA graphs captured (batch sizes "
-                            "%s, L = 2..%d)", built, list(graph_bs), self.block_size)
-            else:
-                logger.info("DOMINO: head rollout over static buffers, run eagerly (no CUDA "
-                            "graphs here)")
-        if graph_bs and self.model_runner.decode_cuda_graph_runner is not None:
-            self.width_one = verify_graph_runtime(self.model_runner, width=1)
-            logger.info("DOMINO: width-1 target verify CUDA graphs captured for plain rounds")
+        """After the target's graphs (the scheduler's order), where SGLang captured decode
+        graphs (CUDA, no --disable-cuda-graph), at the batch sizes it captured: the draft pass
+        by SGLang's own draft graph runner (TARGET_VERIFY at width B, as its DFLASH worker
+        does) and per smaller draft width, the head rollout's start-up runners (graphs.py),
+        and a target verify runtime per captured width below B (graphs.verify_widths: plain
+        rounds at width 1). Rounds then verify only at those widths (the planner rounds L up).
+        `--speculative-domino-debug-gpu-shape on` takes every one of these decisions where no
+        graphs run (the CPU): the same buckets, widths and start-up runners, run eagerly.
+        UNVERIFIED on a GPU: no session that wrote it had one (README, GPU)."""
+        captured = decode_graph_batch_sizes(self.device)
+        gpu_shape = bool(captured) if self.options.gpu_shape is None else self.options.gpu_shape
+        self.graph_bs = captured
+        self._draft_worker.init_cuda_graphs(capture_decode_cuda_graph=bool(captured))
+        if not gpu_shape:
+            return
+        buckets = graph_batch_sizes(self.model_runner, captured)
+        widths = verify_widths(self.block_size)
+        self.planner.widths = widths
+        gate = self.copy_gate if self.device_histories is not None else None
+        self.rollout_graphs = RolloutGraphs(
+            self.head, self.block_size, self.conf.hidden_size, self.draft_model_runner.dtype,
+            self.device, candidate_pool=self.candidate_pool, use_head=self.use_head,
+            temperature_scale=self.draft_temperature_scale, copy_gate=gate,
+            history_cap=self.model_runner.model_config.context_len,
+            capture=bool(captured), buckets=buckets)
+        need = self.rollout_graphs.buffer_bytes()
+        free = free_device_memory(self.device)
+        logger.info("DOMINO: CUDA-graph shapes: batch buckets %s, verify widths %s; %.1f MB of "
+                    "static rollout buffers outside SGLang's reservation (%s free)",
+                    list(buckets), list(widths), need / 2**20,
+                    "n/a" if free is None else f"{free / 2**20:.0f} MB")
+        if free is not None and need > free:
+            raise RuntimeError(
+                f"DOMINO: the head rollout's static buffers need {need / 2**20:.0f} MB but "
+                f"{free / 2**20:.0f} MB of device memory is free: lower --mem-fraction-static "
+                f"(or --max-running-requests, or --disable-cuda-graph)")
+        built = self.rollout_graphs.capture_startup()
+        logger.info("DOMINO: %d head-rollout runners built at start-up (%s)", built,
+                    "CUDA graphs" if captured else "run eagerly: no CUDA graphs here")
+        if not captured:
+            return
+        for width in widths:
+            if width < self.block_size:
+                self.verify_runtimes[width] = verify_graph_runtime(self.model_runner, width)
+                if self.short_draft and width > 1:
+                    self.draft_runtimes[width] = verify_graph_runtime(
+                        self.draft_model_runner, width)
+        logger.info("DOMINO: target verify CUDA graphs captured at widths %s, draft pass at %s",
+                    sorted(self.verify_runtimes) + [self.block_size],
+                    sorted(self.draft_runtimes) + [self.block_size])
 
     def clear_cache_pool(self):
         # the draft KV shares the target's allocator; only held context rows are ours
@@ -288,12 +316,14 @@ class DominoWorker(BaseSpecWorker):
         """Whether plain rounds (L = 1) run the target's own DECODE forward, as plain decoding
         does. Not when the target replays captured graphs (known only after the scheduler has
         captured them): those are captured for TARGET_VERIFY at width B and their runner does not
-        tell a DECODE batch apart, so L = 1 stays an eager one-token verify there.
+        tell a DECODE batch apart, so L = 1 verifies one token through the width-1 runtime there
+        (and under --speculative-domino-debug-gpu-shape on, eagerly).
         --speculative-domino-debug-plain-decode off forces the verify path
         (benchmarks/round_cost.py --plain-verify)."""
         if self._plain_decode is None:
             graphs = getattr(self.model_runner, "decode_cuda_graph_runner", None)
-            self._plain_decode = graphs is None and self.options.plain_decode
+            self._plain_decode = (graphs is None and not self.options.gpu_shape
+                                  and self.options.plain_decode)
         return self._plain_decode
 
     # ---- the work ----
@@ -443,15 +473,12 @@ class DominoWorker(BaseSpecWorker):
         grammar = GrammarTree.from_linear_chain(chain) if batch.has_grammar else None
         if plan.length == 1 and self.plain_decode_forward:
             logits_output, hidden = self.decode_forward(batch, chain, slots)
-        elif plan.length == 1 and self.graph_bs:  # the target replays graphs: width-1 ones
-            if self.width_one is None:
-                self.metrics.record_eager("plain_verify")
+        else:  # at a captured width (the planner's), through its runtime where one was captured
+            runtime = self.verify_runtimes.get(plan.length)
+            if self.graph_bs and runtime is None and plan.length < self.block_size:
+                self.metrics.record_eager("verify_width")
+            with bound_runtime(self.model_runner, runtime):
                 logits_output, hidden = self.verify_forward(batch, chain, positions, slots)
-            else:
-                with bound_runtime(self.model_runner, self.width_one):
-                    logits_output, hidden = self.verify_forward(batch, chain, positions, slots)
-        else:
-            logits_output, hidden = self.verify_forward(batch, chain, positions, slots)
         logits = self.target_logits(batch, logits_output, grammar, grammar_barrier)  # [bs,L,V]
         return logits_output, hidden, logits
 
@@ -499,15 +526,20 @@ class DominoWorker(BaseSpecWorker):
         short blocks) only the L tokens verified: [x_t, MASK x (L-1)], a cheaper pass. The
         rollout replays its CUDA graphs where it has them (static_rollout)."""
         width = block if self.short_draft else self.block_size  # W, the tokens drafted
+        bonus = chain[:, 0]
+        # a device copy index's history first: its host-to-device copy is queued before the
+        # draft pass, so the host does not wait for the pass to launch the rest
+        history = (self.copy_history(batch, bonus)
+                   if self.copy_gate is not None and self.device_histories is not None else None)
         z = self.draft_block(batch, chain[:, :width], positions[:, :width].reshape(-1),
                              slots[:, :width].reshape(-1))  # [bs, W, H]
         z = z[:, :block]  # [bs, L, H]: the head at position i reads z_i only
-        bonus = chain[:, 0]
         if self.rollout_graphs is not None:
-            proposal = self.static_rollout(batch, z, chain, block, rows, u)
+            proposal = self.static_rollout(batch, z, chain, block, rows, u, history)
             if proposal is not None:
                 return proposal
-        copy = self.pointer_copy(batch, bonus, block - 1) if self.copy_gate is not None else None
+        copy = (self.pointer_copy(batch, bonus, block - 1, history)
+                if self.copy_gate is not None else None)
         if rows is not None:
             chain[:, 1:block], q = sampled_rollout(
                 z, bonus, self.head, rows, u.draft, self.candidate_pool,
@@ -519,28 +551,28 @@ class DominoWorker(BaseSpecWorker):
             return_base_pick=True, copy=copy)
         return Proposal(base_pick, None if copy is None else copy.copied(), copy is not None)
 
-    def static_rollout(self, batch, z, chain, block: int, rows, u) -> Proposal | None:
-        """The head rollout through graphs.RolloutGraphs (CUDA graphs replayed, or the same
-        static buffers run eagerly), or None when the round does not fit them (the reason
-        counted in domino_eager_rounds_total)."""
+    def static_rollout(self, batch, z, chain, block: int, rows, u, copy_history
+                       ) -> Proposal | None:
+        """The head rollout through graphs.RolloutGraphs (a runner built at start-up replayed,
+        or a later one run eagerly over the same static buffers: counted as `not_captured`), or
+        None when the round does not fit them (the reason counted in
+        domino_eager_rounds_total). `copy_history`: (history, lens) of a device copy index."""
         bonus, pointer = chain[:, 0], self.copy_gate is not None
-        history = lens = None
-        if pointer and self.device_histories is None:
-            reason = "host_copy_index"
-        else:
-            if pointer:
-                history, lens = self.copy_history(batch, bonus)
-            reason = self.rollout_graphs.eager_reason(
-                len(batch.reqs), rows is not None, None if history is None else history.shape[1])
+        graphs, bs, bias = self.rollout_graphs, len(batch.reqs), batch.sampling_info.logit_bias
+        history, lens = copy_history if copy_history is not None else (None, None)
+        reason = ("host_copy_index" if pointer and copy_history is None else graphs.eager_reason(
+            bs, rows is not None, None if history is None else history.shape[1]))
         if reason is not None:
             self.metrics.record_eager(reason)
             return None
+        key = (graphs.sampled_key(bs, block, history, rows, bias is not None) if rows is not None
+               else graphs.greedy_key(bs, block, history))
+        if not graphs.replayed(key):
+            self.metrics.record_eager("not_captured")
         if rows is not None:
-            chain[:, 1:block], q = self.rollout_graphs.sampled(
-                z, bonus, rows, u.draft, batch.sampling_info.logit_bias, history, lens)
+            chain[:, 1:block], q = graphs.sampled(z, bonus, rows, u.draft, bias, history, lens)
             return Proposal(q, None, pointer)
-        chain[:, 1:block], base_pick, copied = self.rollout_graphs.greedy(z, bonus, history,
-                                                                          lens)
+        chain[:, 1:block], base_pick, copied = graphs.greedy(z, bonus, history, lens)
         return Proposal(base_pick, copied, pointer)
 
     def copy_history(self, batch, bonus: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -555,14 +587,17 @@ class DominoWorker(BaseSpecWorker):
         history[:, 0] = torch.where(ok, history[:, 0], bonus.to(history.dtype))
         return history, torch.where(ok, lens, torch.ones_like(lens))
 
-    def pointer_copy(self, batch, bonus: torch.Tensor, n: int) -> PointerCopy:
+    def pointer_copy(self, batch, bonus: torch.Tensor, n: int, copy_history=None
+                     ) -> PointerCopy:
         """A pointer drafter's copy path for this round (pointer.py) over n positions: each
         request's copy index brought up to its prompt + output (x_t last; only the new tokens
         are indexed), the indexes of requests that left the batch dropped. On the device
         (copy_index_on_device): copy_history and DevicePointerCopy, no synchronisation; on the
-        host: CopyIndex, a read of x_t and host lookups per position."""
+        host: CopyIndex, a read of x_t and host lookups per position. `copy_history`: the
+        round's copy_history when the caller already took it."""
         if self.device_histories is not None:
-            return DevicePointerCopy(self.copy_gate, *self.copy_history(batch, bonus), n)
+            history = copy_history or self.copy_history(batch, bonus)
+            return DevicePointerCopy(self.copy_gate, *history, n)
         indexes = []
         for req, x_t in zip(batch.reqs, bonus.tolist()):
             history = req.origin_input_ids + req.output_ids
@@ -680,7 +715,8 @@ class DominoWorker(BaseSpecWorker):
             capture_hidden_mode=CaptureHiddenMode.NULL,
             global_num_token_non_padded_cpu=bs * block,
         )
-        with torch.inference_mode():
+        with torch.inference_mode(), bound_runtime(self.draft_model_runner,
+                                                   self.draft_runtimes.get(block)):
             out = self.draft_model_runner.forward(fb)
         if self.graph_bs and not out.can_run_graph:  # e.g. a short draft, a batch over the sizes
             self.metrics.record_eager("draft_pass")

@@ -168,17 +168,18 @@ def test_lossless_greedy_pointer_drafter(pointer_server, chat_ids, reference):
     assert len(r.json()["output_ids"]) == 24
 
 
-def test_static_rollout_is_lossless(pointer_drafter, chat_ids, reference):
-    """The head rollout over static per-bucket buffers (graphs.RolloutGraphs: what a GPU server
-    replays as CUDA graphs), run eagerly here, with the pointer drafter's device copy index
-    and draft lengths varying round to round (L = 16, 3, 7, 2 by committed length): greedy
-    output token for token, one at a time and 8 at once (padded to bucket 8); sampled requests
-    (temperature, then top-k / top-p) drafted through it; no round fell back to the dynamic
-    path (domino_eager_rounds_total)."""
+def test_gpu_shaped_rounds_are_lossless(pointer_drafter, chat_ids, reference):
+    """Every decision of the CUDA-graph path, taken on the CPU (--speculative-domino-debug-gpu-
+    shape on): batch buckets from SGLang's capture list, the head rollout over static buffers
+    built at start-up (what a GPU server replays as CUDA graphs), run eagerly here, the pointer
+    drafter's device copy index, plain rounds through the width-1 verify, and every round at a
+    captured width (L = 16, 3, 7, 2 by committed length verify 16, 4, 8, 2): greedy output token
+    for token, one at a time and 8 at once (padded to bucket 8); sampled requests (temperature,
+    then top-k / top-p) drafted through it; no round fell back to the dynamic path or ran a
+    runner not built at start-up (domino_eager_rounds_total)."""
     from tests.test_observability_server import delta, scrape
 
-    extra = ["--speculative-domino-debug-static-rollout", "on",
-             "--speculative-domino-debug-copy-index", "device",
+    extra = ["--speculative-domino-debug-gpu-shape", "on",
              "--speculative-domino-debug-draft-len", "16,3,7,2",
              "--speculative-domino-lookup", "off", "--enable-metrics"]
     ref_ids, _ = reference
@@ -195,7 +196,9 @@ def test_static_rollout_is_lossless(pointer_drafter, chat_ids, reference):
             r.raise_for_status()
             assert len(r.json()["output_ids"]) == 24
         after = scrape(server)
-        assert "head rollout over static buffers" in server.log()
+        log = server.log()
+        assert "head-rollout runners built at start-up (run eagerly" in log
+        assert "verify widths [1, 2, 4, 8, 16]" in log
     # the drafts came through it: the pointer's copies are accepted (a broken static rollout
     # would still be lossless, with tau ~ 1)
     meta = [r["meta_info"] for r in together]

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py at small dimensions on the CPU (issue 64, item 5): it runs with SGLang
+"""benchmarks/gpu_check.py at small dimensions on the CPU: it runs with SGLang
 unimportable, every check passes (static-buffer draft runner == the dynamic call for the
 backbone, greedy, sampled and pointer rollouts; verify; the device copy index; a few training
 steps whose loss decreases), and the script
@@ -45,6 +45,9 @@ def test_quick_cpu_run_passes_without_sglang(tmp_path):
     assert kinds == {(k, b) for k in ("backbone", "greedy", "sampled", "pointer")
                      for b in (1, 3)}
     assert all(r["greedy_equal_cpu"] for r in result["verify"])
+    startup = result["startup"]  # the start-up capture: memory figure == allocated, no growth
+    assert startup["ok"] and startup["buffer_bytes"] == startup["allocated_bytes"] > 0
+    assert startup["shrinking_sequence_ok"] and startup["trace_built_nothing"]
     train = result["train"]  # a few optimizer steps of the training loss: finite, decreasing
     assert train["finite"] and train["decreased"] and len(train["losses"]) == train["steps"]
 

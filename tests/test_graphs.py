@@ -152,13 +152,45 @@ def test_long_histories_run_at_a_wider_history_buffer():
     assert sorted(k[3] for k in graphs.runners) == [256, 512]
 
 
-def test_greedy_runners_built_up_front_per_bucket_and_length():
-    graphs = _graphs(make_head(0), 0, True, None)
-    built = graphs.capture_greedy(max_bs=4)
-    assert built == 3 * (B - 1) == len(graphs.runners)  # buckets 1, 2, 4; L = 2..B
-    z, bonus = torch.randn(3, B, H), torch.randint(0, V, (3,))
-    graphs.greedy(z, bonus)
-    assert len(graphs.runners) == built  # a round reuses its bucket's runner
+def test_runners_are_built_at_start_up_only(pointer=False):
+    """capture_startup builds every greedy runner (each bucket, L = 2..B) and the sampled ones
+    (buckets up to 16, both variants); a replayed trace of rounds after it builds nothing it
+    would capture: a key first seen while serving (a logit bias, a wider history) runs eagerly
+    over the static buffers, and says so."""
+    graphs = RolloutGraphs(make_head(0), B, H, torch.float32, "cpu", candidate_pool=0,
+                           use_head=True, temperature_scale=1.0, copy_gate=None,
+                           history_cap=HISTORY_CAP, capture=False, buckets=(1, 2, 4))
+    built = graphs.capture_startup()
+    assert built == 3 * (B - 1) * 3 == len(graphs.runners)  # greedy + 2 sampled variants
+    g = torch.Generator().manual_seed(4)
+    for bs, kind in ((3, "plain"), (1, "filters"), (4, "plain"), (2, "filters")):
+        z, bonus = torch.randn(bs, B, H, generator=g), torch.randint(0, V, (bs,), generator=g)
+        graphs.greedy(z, bonus)
+        rows = _rows(bs, kind)
+        u = torch.rand(bs, B - 1, generator=g, dtype=torch.float64)
+        graphs.sampled(z, bonus, rows, u)
+        assert graphs.replayed(graphs.greedy_key(bs, B, None))
+        assert graphs.replayed(graphs.sampled_key(bs, B, None, rows, False))
+    assert len(graphs.runners) == built  # the trace built no runner
+    mixed = _rows(2, "plain")
+    mixed.need_sort = True  # a top-k row only: the filters-on runner serves it
+    assert graphs.replayed(graphs.sampled_key(2, B, None, mixed, False))
+    z, bonus = torch.randn(2, B, H), torch.randint(0, V, (2,))
+    graphs.sampled(z, bonus, _rows(2, "plain"), torch.rand(2, B - 1, dtype=torch.float64),
+                   logit_bias=torch.zeros(2, V))
+    assert len(graphs.runners) == built + 1  # a bias round: built while serving, not captured
+    assert not graphs.replayed(graphs.sampled_key(2, B, None, _rows(2, "plain"), True))
+
+
+def test_buffer_bytes_are_the_tensors_allocated():
+    """The memory figure logged and checked before capture is the buffers' actual size."""
+    for gate in (None, _gate(0.5)):
+        graphs = RolloutGraphs(make_head(2), B, H, torch.float32, "cpu", candidate_pool=0,
+                               use_head=True, temperature_scale=1.0, copy_gate=gate,
+                               history_cap=HISTORY_CAP, capture=False, buckets=(1, 2, 4, 8, 32))
+        graphs.capture_startup()
+        allocated = sum(t.nbytes for bufs in graphs.buffers.values() for t in bufs.values())
+        assert graphs.buffer_bytes() == allocated
 
 
 @pytest.mark.parametrize("sampled", [False, True])

@@ -147,3 +147,33 @@ def test_the_plan_is_frozen():
     plan = planner(StubPolicy()).plan(batch(req(NEW)))
     with pytest.raises(AttributeError):
         plan.length = 2
+
+
+@pytest.mark.parametrize("wanted,verified", [(1, 1), (2, 2), (3, 4), (5, 6), (6, 6)])
+def test_rounds_verify_at_a_captured_width(wanted, verified):
+    """Where the target verifies from captured graphs (graphs.verify_widths), a round that
+    wants L verifies the smallest captured width >= L, with that many real drafts; outside the
+    GPU shape (the CPU) every L is a width."""
+    from domino_sglang.graphs import verify_widths
+
+    assert verify_widths(B) == (1, 2, 4, B) and verify_widths(16) == (1, 2, 4, 8, 16)
+    shaped = planner(StubPolicy(length=wanted), lookup=False)
+    shaped.widths = verify_widths(B)
+    assert shaped.plan(batch(req(NEW))).length == verified
+    assert planner(StubPolicy(length=wanted), lookup=False).plan(batch(req(NEW))).length == wanted
+
+
+def test_buckets_are_the_batch_sizes_sglang_captured():
+    """The rollout's buckets are the batch sizes SGLang's graph runner really captured (its
+    configured list clamped to the request pool); where it captured none (the CPU's GPU-shaped
+    mode), the sizes it would capture for that pool."""
+    from domino_sglang.sglang_compat import graph_batch_sizes
+
+    runner = SimpleNamespace(decode_cuda_graph_capture_bs=[4, 1, 2])
+    assert graph_batch_sizes(runner, captured=(1, 2, 4, 8, 16)) == (1, 2, 4)
+    cpu = SimpleNamespace(decode_cuda_graph_capture_bs=[],
+                          req_to_token_pool=SimpleNamespace(size=48))
+    assert graph_batch_sizes(cpu, captured=()) == (1, 2, 4, 8, 16, 24, 32, 40, 48)
+    small = SimpleNamespace(decode_cuda_graph_capture_bs=[],
+                            req_to_token_pool=SimpleNamespace(size=6))
+    assert graph_batch_sizes(small, captured=()) == (1, 2, 4, 6)
