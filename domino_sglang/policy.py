@@ -1,131 +1,32 @@
 """Adaptive speculation: how many chain tokens to verify this round (L = 1 .. B; L = 1 is plain
 decoding: no draft, the target decodes one token per request).
 
-Cost model, in units of one plain decode step of the AR server at the same batch size bs
-(measured by benchmarks/round_cost.py, fitted by benchmarks/fit_cost.py):
+Cost, in units of one plain round at the same batch size bs:
+    cost(bs, 1) = 1;  cost(bs, L) = 1 + DRAFT + slope(bs) * (L - 1)
+    slope(bs) = SLOPE_0 + SLOPE_PER_REQ * bs
+Acceptance: each draft is accepted with probability alpha given the ones before it (geometric),
+so L tokens commit E(L) = (1 - alpha^L) / (1 - alpha). The policy picks the L maximising
+E(L) / cost(bs, L) and speculates only where that beats plain decoding by MARGIN with the
+estimates' doubt priced in (alpha's Wilson lower bound, the costs' upper bound): L = 1 is always
+a candidate, so it never plans a loss against plain decoding.
 
-    cost(bs, 1) = 1                                        plain round
-    cost(bs, L) = 1 + DRAFT + slope(bs) * (L - 1)          L >= 2
-    slope(bs)   = SLOPE_0 + SLOPE_PER_REQ * bs
+alpha is a running estimate (`AcceptanceStats`: the truncated-geometric MLE with exponential
+forgetting and an optimistic prior, so a new server speculates and learns). While the policy
+decodes plainly it probes with the cheapest speculative round (L = 2), spaced so probes cost at
+most PROBE_BUDGET of the plain rounds' time and more often near break-even; plain rounds age the
+estimate so a stale low alpha fades. Costs are learned on the server itself per batch-size
+bucket from its own round times (costs.py, `OnlineCosts`) from a device-neutral prior; a bucket
+that has timed no speculative round of its own verifies at most PROBE_LEN tokens. `COSTS` keeps
+recorded CPU profiles for benchmarks and simulations only.
 
-The constants depend on the hardware and the model dtype. `COSTS` records the profiles measured
-on CPUs (reference data for benchmarks and simulations; the server no longer decides with them,
-see "Costs on any device" below):
-  - "cpu-bf16": SmolLM2-135M, bf16, 1 thread, 2-core Xeon with AMX
-    (benchmarks/results/round_cost.md, fitted by hand with the fixed-block sweep's rounds);
-    re-measured on an AMD EPYC with native bf16 and packed oneDNN linears
-    (round_cost_bf16_epyc.md: L = 16 at 2.31 / 2.74 / 4.35 / 4.61 steps, bs 1 / 4 / 16 / 32;
-    this profile predicts 2.20 / 2.49 / 3.66 / 5.22), close enough to keep;
-  - "cpu-fp32": the same target in fp32 on a 2-core AMD EPYC, linears on packed oneDNN weights
-    (cpu/linear.py; benchmarks/results/round_cost_fp32.md, least squares by fit_cost.py): the
-    draft pass and each verified token cost more there relative to a plain step, so speculation
-    needs a better drafter to pay;
-  - "cpu-bf16-short": bf16 on the AMD EPYC with a drafter that drafts only the L tokens a round
-    verifies (config `short_draft`, worker.py `propose`): the draft pass shrinks with L, so its
-    price moves from DRAFT into the slope. Re-measured after the CPU attention's bf16 path
-    made plain steps 9-32% cheaper (round_cost_short_bf16_v2{,_c16}.md, `round_cost.py
-    --short-draft`, drafter rounds only, least squares by `fit_cost.py --short-draft` over bs
-    1, 4 and 16; larger batches are extrapolated): L = 2 costs 1.35 / 1.38 / 1.64 plain steps at
-    bs 1 / 4 / 16 drafting short (before the attention fix: 1.26 / 1.07 at bs 1 / 4, DRAFT
-    0.126, slope 0.0622 + 0.00375 bs). fp32 with short drafts is unmeasured and keeps the
-    cpu-fp32 profile.
-A GPU has not been measured here. --speculative-domino-debug-cost DRAFT,SLOPE_0,SLOPE_PER_REQ
-(what fit_cost.py prints) replaces the learned costs' prior.
+Prompt lookup: a round where every request has a copied draft runs no draft pass (cost less
+DRAFT) and is sized by `lookup_len` from a second estimate learned from copied rows only; the
+longest L that pays, since copies are right in runs rather than geometrically.
 
-DRAFT is the draft pass (one backbone pass over the whole block plus the head's first step),
-paid by any speculative round whatever L (drafting short blocks: its part that does not grow
-with L); slope is the price of one more verified token per
-request, growing with bs as the target's forward turns from memory-bound into compute-bound
-(bs * L tokens). Measured on the Xeon in bf16: L = 2 costs ~1.4 steps at bs 1..32; L = 16 costs
-~1.7-2.2 steps at bs 1, ~2.4-3.0 at bs 4, ~4.1 at bs 16, ~4.3-5.3 at bs 32. On the AMD EPYC in
-fp32 with packed oneDNN linears (which made plain steps 1.4-1.5x cheaper): L = 2 ~1.6-2.6
-steps; L = 16 ~2.0 at bs 1, ~4.6 at bs 4, ~8.7 at bs 16, ~9.5 at bs 32. The linear model
-overestimates bs 1 (L = 16: 3.45 vs 2.04; the policy errs towards plain decoding there) and
-underestimates bs 16 (6.75 vs 8.73), where only alpha >~ 0.8 makes it speculate at all.
-
-Acceptance model: each draft is accepted with probability alpha given the ones before it were
-(geometric), so a round verifying L tokens commits E(L) = 1 + alpha + ... + alpha^(L-1) =
-(1 - alpha^L) / (1 - alpha) tokens. The policy picks L maximising E(L) / cost(bs, L), the
-expected committed tokens per unit of decode-step time, and speculates only if that beats plain
-decoding (ratio 1) by MARGIN. Since L = 1 is always a candidate, the model never predicts a loss
-against plain decoding at any batch size, and the choice moves smoothly (no threshold cliff).
-
-alpha is a running estimate (`AcceptanceStats`): the truncated-geometric MLE accepted / judged
-over recent rounds, with exponential forgetting and a prior that is forgotten the same way. The
-prior (alpha 0.7, worth 8 judged drafts) is optimistic on purpose: a new server speculates at
-low load on every profile and learns the drafter's real alpha from real rounds within a few
-rounds; a prior that started it plain (0.5 on the fp32 profile) would leave a good drafter to be
-found only by the sparse probes below (one judged draft per request per probe). While the
-policy decodes plainly it probes the drafter with the cheapest speculative round (L = 2, which
-measures alpha directly), spaced so probes cost at most PROBE_BUDGET of the plain rounds' time,
-and more often near the break-even alpha, where a probe costs nearly nothing beyond the 1 + alpha
-tokens it commits: probe every
-    ceil(min((cost(bs, 2) - 1) / PROBE_BUDGET, (cost(bs, 2) - E(2)) / NEAR_BUDGET)) plain rounds,
-and never when even a perfect drafter (alpha = 1) could not beat plain decoding at this bs.
-Why the second term: the estimate that switched speculation off moves only with probes, so a
-few hard requests could leave it just under break-even for good. At c = 2 the shipped drafter
-sped the first run of 8 requests up 1.13-1.36x and then, entering the next run with the last
-(hard) requests' alpha, decoded the same 8 requests plainly (tau 1.19, 0.95-1.0x AR;
-throughput_bucket_k_ab, 2026-11-28) with one probe per ~18 plain rounds of 2 judged drafts.
-Near break-even a probe loses ~cost(bs, 2) - E(2) ~ 0 plain rounds, so probing often there is
-free, and the estimate climbs back within a few dozen rounds when the drafter is good again
-(expected probe loss still under NEAR_BUDGET of plain time if alpha is right).
-Plain rounds age the estimate too (by PLAIN_DECAY per round; a judged round by `decay`), so
-after a hard stretch the stale low estimate fades and each probe counts for more. Without it
-the estimate moved only with probes of ~2 judged drafts each: at c = 2, T = 0.7 with the
-pointer drafter (its own rows kept at position 1 ~0.43 of the time at a pinned L = 2, lookup
-copies apart) a server entering plain decoding at a pooled alpha of ~0.2 needed ~25 probes
-(~400 plain rounds, two whole runs of 8 requests) to climb back over break-even (~0.32-0.37),
-and decoded those runs plainly at ~1.0x AR while a pinned L = 4 ran 1.14-1.30x (debug round
-logs and `benchmarks/throughput.py --methods domino-l2 domino-l3 domino-l4`, 2026-12-02).
-Simulated (benchmarks/policy_sim.py, tests/test_policy.py): hard and easy stretches of 200
-rounds at bs 2 give 1.10-1.13 plain steps' worth of tokens per step with the aging, 1.04-1.08
-without; a drafter that never pays loses ~0.3 % more to probes (0.988 vs 0.991 of plain). 0.98
-rather than `decay`: forgetting as fast as judged rounds gains a little more after hard
-stretches (1.13 vs 1.11) but loses more where the drafter never pays (0.985).
-
-Costs on any device (costs.py, `OnlineCosts`): the profiles above are recorded measurements
-of one machine each (kept for benchmarks/policy_sim.py, fit_cost.py and
---speculative-domino-debug-cost), not the server's prices. The server learns its own: per
-batch-size bucket, the draft and per-token
-overhead of a speculative round in units of its own plain round, from its round times,
-starting from a device-neutral prior (costs.NEUTRAL; `cost_model` returns it on every device).
---speculative-domino-debug-calibrate off keeps the prior (or the debug cost) as it is.
-
-The floor (`SpeculationPolicy.draft_len`): a round speculates only where it beats plain decoding by
-MARGIN with the estimates' doubt priced in: alpha's lower bound (Wilson interval, Z_ALPHA sd over
-the forgotten judged count) and the costs' upper bound (costs.Z sd of the fit). L is the best rate
-at the estimates' means if that L holds the floor, else the best rate at the bounds, else plain
-decoding (L = 1, what plain decoding costs). A batch-size bucket that has timed no speculative
-round of its own verifies at most PROBE_LEN tokens (`longest_len`: its costs are still a prior, and
-a prior's per-token price can be 10x off, 0.04 vs 0.37 plain rounds at bs 32 on the AMD EPYC), and
-its probes wait for its plain times (PLAIN_SPACING). Plain rounds probe (L = 2) every
-probe_interval rounds (above), stretched by BACKOFF ** losses (at most MAX_LOSSES): a probe after
-which the policy still decodes plainly, and even alpha's Z_PROBE upper bound could not pay, is a
-loss; speculating resets the count, and while that upper bound could pay the probes keep their base
-spacing (a drafter just under break-even is not given up on). Plain rounds age the estimate only
-down to AGE_FLOOR judged drafts, so its bounds stay finite and a drafter that never pays is probed
-at most PROBE_BUDGET / BACKOFF ** MAX_LOSSES of the plain time; where even alpha = 1 could not pay
-(at the costs' means), never. Simulated on the recorded CPU round costs (benchmarks/policy_sim.py
---recorded; docs/benchmark-history.md, issue 69) and tested under GPU-like and CPU-like cost shapes
-(tests/test_policy_costs.py).
-
-Prompt lookup (lookup.py): a round in which every request has a copied draft runs no draft
-pass, so its cost is cost(bs, L) - DRAFT, and its acceptance is the copies', not the drafter's:
-a second estimate `lookup_stats` (same MLE, learned from copied rows only) and
-`lookup_len(bs, longest)` = the longest L in 2..1 + longest whose E(L) / (cost(bs, L) - DRAFT)
-beats plain decoding by MARGIN (1 if none: decode plainly instead). The longest, not the best
-rate: copies are right in runs (a copied line of code is kept whole or lost at its first token;
-on the evaluation answers 16 of 256 copied HumanEval rounds kept all 15 tokens), so their
-acceptance is not geometric, and the geometric E(L) undervalues long chains. It is asked
-whether the drafter's policy chose L > 1 or plain decoding (a copy can pay where the drafter
-does not), but not on a calibration round.
-
-Switches (options.py): --speculative-domino-adaptive off verifies the full block every round
-(fixed block); --speculative-domino-debug-draft-len L pins L (measurement); L0,L1,.. cycles a
-pattern by the committed length n of the batch's first request (L = pattern[n mod len]): a
-deterministic mix of plain and speculative rounds that a one-request-at-a-time test can replay.
-Depends on nothing but the standard library.
+Switches (options.py): --speculative-domino-adaptive off verifies the full block every round;
+--speculative-domino-debug-draft-len pins L or cycles a pattern by committed length (tests).
+The measurements behind the constants and the design history: docs/design.md, "The adaptive
+policy". Depends on nothing but the standard library.
 """
 
 from __future__ import annotations
@@ -359,12 +260,11 @@ class SpeculationPolicy:
     def longest_len(self, bs: int) -> int:
         """The longest L the policy may verify at bs: the block once bs's bucket has timed
         speculative rounds of its own (or with fixed costs), PROBE_LEN before. A bucket's first
-        costs are a prior (neutral, or a neighbour's), and one more verified token costs 0.04
-        plain rounds there but ~0.37 on the AMD EPYC at bs 32 (2026-12-04, bf16, debug round
-        log: L = 2 / 5 took 2.0 / 3.1 plain rounds): a jump from bs 1 to 32 verified L = 5 at
-        3.1x a plain round for the bucket's first ~25 rounds (its plain times come first),
-        a run of 64 requests at 0.81x plain decoding. The cheapest round times the bucket as
-        well and loses the least while it is wrong."""
+        costs are a prior (neutral, or a neighbour's), whose per-token price can be several
+        times off on a device where large batches are compute-bound: a load jump would then
+        verify long chains at many plain rounds' cost until the bucket learned (docs/design.md,
+        "The adaptive policy"). The cheapest round times the bucket as well and loses the least
+        while it is wrong."""
         calibration = self.calibration
         if calibration is None or calibration.knows(bs):
             return self.block
@@ -417,14 +317,6 @@ class SpeculationPolicy:
         if draft_len > 1 and self.enabled and accept_lens:
             self.lookup_stats.update(sum(a1 - 1 for a1 in accept_lens),
                                      sum(min(a1, draft_len - 1) for a1 in accept_lens))
-
-    def effective_cost(self, bs: int) -> CostModel:
-        """The costs in use at bs as a CostModel (learned means; the fixed ones, calibration
-        off)."""
-        if self.calibration is None:
-            return self.cost
-        draft, per_token = self.learned(bs)
-        return CostModel(draft, per_token, 0.0)
 
     def observe_time(self, bs: int, draft_len: int, seconds: float) -> None:
         """A round of bs requests verifying draft_len tokens took `seconds`, from its start to

@@ -179,7 +179,7 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
             "capture_hidden_mode"),
         "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.register": (
             "supports_overlap", "spec_class"),
-        # the CUDA graphs (issue 64): the draft pass, the width-1 verify
+        # the CUDA graphs: the draft pass, the verify at each captured width
         "sglang.srt.managers.tp_worker.TpModelWorker.init_cuda_graphs": (
             "capture_decode_cuda_graph",),
         "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner": (
@@ -344,7 +344,7 @@ def verify_graph_runtime(model_runner, width: int) -> tuple:
     backend with its own workspace, SGLang's DecodeCudaGraphRunner captured for TARGET_VERIFY at
     that width), both built with the speculative width overridden to `width` (backends such as
     FA3 read it once, at construction), as SGLang's UNO and adaptive EAGLE workers build theirs.
-    UNVERIFIED on a GPU (issue 64, item 4)."""
+    UNVERIFIED on a GPU (no GPU so far)."""
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
     saved = model_runner.init_new_workspace

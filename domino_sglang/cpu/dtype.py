@@ -2,9 +2,8 @@
 
 Without AVX512-BF16 / AMX (e.g. AMD Zen 3 or older Intel, AVX2 only) oneDNN emulates bf16, and a
 bf16 linear's cost grows with the token count as if it were a matrix-vector product per token:
-SmolLM2's 576x1536 MLP projection, 1 thread, AMD EPYC Zen 3 (2026-11-23): 16 tokens 2.90 ms in
-bf16 vs 0.50 ms in fp32 (1 token: 0.19 vs 0.10 ms). Multi-token verification in bf16 then costs
-~16 plain decode steps and speculation cannot pay; fp32 is faster there at every batch size.
+so multi-token verification in bf16 costs about as many plain decode steps as it has tokens
+and speculation cannot pay; fp32 is faster there at every batch size (docs/cpu-runtime.md).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Microbenchmark, 1 thread, AMD EPYC, fp32, ms per call (F.linear -> packed oneDNN
 Row-invariance (a row's output does not depend on the other rows of the call) means those
 projections give the verify pass exactly the numbers a plain decode step gets. Not all: the
 MLP's down projection (K = 1536) computes a row alone (M = 1) in other bits than the same row
-among others (M >= 2), fp32 and bf16 alike (checked 2026-11-29), so a verify's MLP output can
+among others (M >= 2), fp32 and bf16 alike, so a verify's MLP output can
 differ from a plain step's in the last bits; the fp32 exactness tests hold on real prompts
 (a flipped argmax needs a near-tie).
 
@@ -64,13 +64,10 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH_HINT)
 
 
-# oneDNN's bf16 kernel for a 2-row input streams the weight slower than the one for 3-6 rows: 1
-# thread, AMD EPYC, SmolLM2-135M's 30 layers of linears + lm_head with the weights cold in cache
-# (what a forward sees), 15 interleaved repeats: 2 rows 28.5 ms median (min 25.6), the same 2
-# rows run as 4 23.7 (22.0), 4 rows 21.0 (19.1) (docs/studies/linear_rows.py,
-# docs/results/linear_rows.md); 1 row gains nothing from it. Two rows
-# are a plain step at bs 2 and a 2-token verify (or draft) at bs 1: such a round measured
-# 51.4 ms of target forward against 46.8 ms for 3 tokens (debug round times, 2026-11-29).
+# oneDNN's bf16 kernel for a 2-row input streams the weight slower than the one for 3-6 rows, so
+# 2 rows run as 4 (the measurement: docs/studies/linear_rows.py, docs/results/linear_rows.md);
+# 1 row gains nothing from it. Two rows are a plain step at bs 2 and a 2-token verify (or
+# draft) at bs 1.
 PADDED_ROWS = {2: 4}  # bf16 inputs of this many rows run as that many (their rows repeated)
 
 

@@ -15,9 +15,9 @@ def eval_records(name: str, limit: int, max_tokens: int, url: str | None, max_se
     cache_dir/eval-NAME-greedyN.jsonl.
 
     Answers kept in git (`snapshots`/eval-NAME-greedyN.jsonl.gz, regenerate.py "Snapshot") come
-    first: a batched bf16 server's greedy answers differ from machine to machine (one session's
-    MT-Bench answers replayed stage 26 at 1.611, another's at 1.739), so figures compare across
-    sessions only on the same answers. Prompts they lack are answered by a plain server (`url`,
+    first: a batched bf16 server's greedy answers differ from machine to machine, and so does
+    the acceptance measured on them, so figures compare across sessions only on the same
+    answers. Prompts they lack are answered by a plain server (`url`,
     or one started here from a checkout). An answer cached for another prompt (the set or the
     chat template changed) raises ValueError naming the file."""
     from transformers import AutoTokenizer
