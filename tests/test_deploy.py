@@ -27,7 +27,7 @@ from tests.promql import (
 )
 
 DEPLOY = ROOT / "deploy"
-K8S = sorted((DEPLOY / "k8s").glob("*.yaml"))
+K8S = sorted(f for f in (DEPLOY / "k8s").glob("*.yaml") if f.name != "kustomization.yaml")
 K8S_MONITORING = sorted((DEPLOY / "k8s" / "monitoring").glob("*.yaml"))
 COMPOSE = DEPLOY / "docker-compose.yml"
 CHART = DEPLOY / "helm" / "domino-sglang"
@@ -163,6 +163,18 @@ def test_compose_validates_for_every_profile(tmp_path):
         assert _compose("config", "-q", file=bad).returncode != 0
     finally:
         bad.unlink(missing_ok=True)
+
+
+def test_k8s_image_is_set_in_one_place():
+    """`kubectl apply -k deploy/k8s/`: the kustomization lists every manifest of the folder and
+    its `images:` entry names the one image every container of them uses."""
+    kustomization = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
+    assert sorted(kustomization["resources"]) == sorted(f.name for f in K8S)
+    (image,) = kustomization["images"]
+    used = {c["image"] for f in K8S for doc in yaml.safe_load_all(f.read_text())
+            if doc.get("kind") == "Deployment"
+            for c in doc["spec"]["template"]["spec"]["containers"]}
+    assert used == {f"{image['name']}:{image['newTag']}"}
 
 
 def test_k8s_manifests_validate_strictly():

@@ -82,7 +82,10 @@ def problem(argv: list[str]) -> str | None:
     if head == "docker" and argv[1] == "compose":
         return _compose_problem(argv[2:])
     if head == "kubectl" and argv[1] == "apply":
-        path = ROOT / argv[argv.index("-f") + 1]
+        flag = "-k" if "-k" in argv else "-f"
+        path = ROOT / argv[argv.index(flag) + 1]
+        if flag == "-k":
+            path = path / "kustomization.yaml"
         return None if path.exists() else f"{path} does not exist"
     return None  # pip install, kubectl create: nothing of ours to check
 
