@@ -475,7 +475,9 @@ class DominoWorker(BaseSpecWorker):
             logits_output, hidden = self.decode_forward(batch, chain, slots)
         else:  # at a captured width (the planner's), through its runtime where one was captured
             runtime = self.verify_runtimes.get(plan.length)
-            if self.graph_bs and runtime is None and plan.length < self.block_size:
+            shaped = self.rollout_graphs is not None  # the GPU shape: widths are captured ones
+            if shaped and (plan.length not in self.planner.widths or (
+                    self.graph_bs and runtime is None and plan.length < self.block_size)):
                 self.metrics.record_eager("verify_width")
             with bound_runtime(self.model_runner, runtime):
                 logits_output, hidden = self.verify_forward(batch, chain, positions, slots)

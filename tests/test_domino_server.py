@@ -207,4 +207,8 @@ def test_gpu_shaped_rounds_are_lossless(pointer_drafter, chat_ids, reference):
     assert tau > 1.05
     eager = {k: v for k, v in after.items() if k[0] == "domino_eager_rounds_total"}
     assert sum(eager.values()) == 0, eager  # e.g. reason="host_copy_index" with the host index
+    # every round at a captured width: L = 3 verified 4 (none in the histogram's (2, 3] bucket)
+    lengths = {float(k[1].split('le="')[1].split('"')[0]): v for k, v in after.items()
+               if k[0] == "domino_draft_length_bucket"}
+    assert lengths[3.0] == lengths[2.0] < lengths[4.0] and lengths[6.0] == lengths[4.0], lengths
     assert delta(after, before, "domino_rounds_total", 'kind="draft"') > 20

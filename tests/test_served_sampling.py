@@ -5,8 +5,10 @@ and on token pairs), and the same test tells a deliberately broken verifier apar
 The in-process tests (test_sampling.py) check the verifier against exact joint distributions;
 this one checks the whole served path: prefill sampling, the draft pass, verification, commit,
 seeds. Servers: plain decoding (float32), DOMINO with the shipped drafter (float32, fixed block
-16, so every round speculates), and the same DOMINO server with `verify_mixed` replaced by one
-that accepts every draft (tests/fixtures/broken_verifier, loaded through PYTHONPATH).
+16, so every round speculates; in the GPU's control flow, --speculative-domino-debug-gpu-shape
+on: the sampled head rollout over static buffers built at start-up, the pointer drafter's device
+copy index), and the same DOMINO server with `verify_mixed` replaced by one that accepts every
+draft (tests/fixtures/broken_verifier, loaded through PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ BROKEN = Path(__file__).parent / "fixtures" / "broken_verifier"
 def domino_server(name: str, extra_env: dict | None = None):
     return start_server(name, ["--dtype", "float32", "--max-total-tokens", "16384",
                                "--drafter", str(shipped_drafter_dir())],
-                        ["--speculative-domino-adaptive", "off"], env=extra_env)
+                        ["--speculative-domino-adaptive", "off",
+                         "--speculative-domino-debug-gpu-shape", "on"], env=extra_env)
 
 
 @pytest.fixture(scope="module")

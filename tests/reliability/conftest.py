@@ -10,7 +10,12 @@ Configured as an operator would run it, and small enough to be under pressure:
   - a KV pool of POOL tokens, far below what 48 running requests need, so loads queue and retract;
   - `--api-key` and `--admin-api-key`: every request here carries AUTH, admin routes ADMIN_AUTH;
   - --speculative-domino-adaptive off: every round verifies a full block, even at batch sizes
-    where the adaptive policy would decode plainly, so the speculative path is what gets the load.
+    where the adaptive policy would decode plainly, so the speculative path is what gets the load;
+  - --speculative-domino-debug-gpu-shape on: the round takes the decisions a GPU server takes
+    (batch buckets from SGLang's capture list, the head rollout over static buffers built at
+    start-up, padding rows as batches shrink and grow), so the load, fault and crash tests run
+    in the GPU's control flow; the CPU's own default path is served by test_domino_server.py
+    and the other server modules.
 SGLang's own idle check (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE, on by default) raises in the
 scheduler if a KV slot or request slot leaks, so a leak also shows as a dead server.
 
@@ -45,7 +50,8 @@ def rel_server(rel_drafter, references):  # references first: AR work done befor
         "reliability",
         ["--dtype", "float32", "--max-total-tokens", str(POOL), "--api-key", API_KEY],
         ["--speculative-algorithm", "DOMINO", "--speculative-draft-model-path", str(rel_drafter),
-         "--admin-api-key", ADMIN_KEY, "--speculative-domino-adaptive", "off"])
+         "--admin-api-key", ADMIN_KEY, "--speculative-domino-adaptive", "off",
+         "--speculative-domino-debug-gpu-shape", "on"])
     yield server
     server.stop()
 
