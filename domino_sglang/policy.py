@@ -89,11 +89,12 @@ def expected_tokens(alpha: float, draft_len: int) -> float:
 
 
 def choose_draft_len(bs: int, alpha: float, block: int, margin: float = MARGIN,
-                     cost: CostModel = DEFAULT_COST) -> int:
-    """The L in 1..block maximising expected_tokens / round_cost; 1 unless it beats plain
-    decoding by `margin` (relative)."""
+                     cost: CostModel = DEFAULT_COST, widths: tuple[int, ...] | None = None) -> int:
+    """The L in 1..block (among `widths`, the captured verify widths, where given) maximising
+    expected_tokens / round_cost; 1 unless it beats plain decoding by `margin` (relative)."""
     best, best_rate = 1, 1.0 + margin
-    for draft_len in range(2, block + 1):
+    candidates = range(2, block + 1) if widths is None else [w for w in widths if 2 <= w <= block]
+    for draft_len in candidates:
         rate = expected_tokens(alpha, draft_len) / cost(bs, draft_len)
         if rate > best_rate:
             best, best_rate = draft_len, rate
@@ -178,6 +179,9 @@ class SpeculationPolicy:
         self._calibrated_at = -CAL_MIN_GAP  # round of the last calibration round
         self.lookup_stats = AcceptanceStats()  # the copied drafts' alpha (lookup.py)
         self.calibrating = False  # the last draft_len was a calibration round (must stay plain)
+        # the widths the target verifies from captured graphs (graphs.verify_widths; None:
+        # every L): the policy chooses among them, as the planner verifies at them
+        self.widths: tuple[int, ...] | None = None
         self.losses = 0  # probes in a row after which the policy still decoded plainly
         self._probed = False  # the last draft_len was a probe
 
@@ -252,10 +256,10 @@ class SpeculationPolicy:
         low, _ = self.stats.bounds()
         mean, high = self.cost_fn(bs), self.cost_fn(bs, Z_COST)
         longest = self.longest_len(bs)
-        best = choose_draft_len(bs, alpha, longest, cost=mean)
+        best = choose_draft_len(bs, alpha, longest, cost=mean, widths=self.widths)
         if best > 1 and expected_tokens(low, best) / high(bs, best) > 1.0 + MARGIN:
             return best
-        return choose_draft_len(bs, low, longest, cost=high)
+        return choose_draft_len(bs, low, longest, cost=high, widths=self.widths)
 
     def longest_len(self, bs: int) -> int:
         """The longest L the policy may verify at bs: the block once bs's bucket has timed

@@ -265,7 +265,7 @@ class DominoWorker(BaseSpecWorker):
             return
         buckets = graph_batch_sizes(self.model_runner, captured)
         widths = verify_widths(self.block_size)
-        self.planner.widths = widths
+        self.planner.widths = self.policy.widths = widths
         gate = self.copy_gate if self.device_histories is not None else None
         self.rollout_graphs = RolloutGraphs(
             self.head, self.block_size, self.conf.hidden_size, self.draft_model_runner.dtype,

@@ -224,3 +224,20 @@ def test_a_jump_to_a_dear_batch_size_verifies_short_until_timed():
                 assert tokens / seconds >= 0.85, (seed, tokens / seconds)
                 tokens = seconds = 0.0
         assert tokens / seconds >= 0.97, (seed, tokens / seconds)
+
+
+@pytest.mark.parametrize("bs,alpha", [(1, 0.8), (16, 0.7), (4, 0.5)])
+def test_the_policy_chooses_among_the_captured_widths(bs, alpha):
+    """Where the target verifies from captured graphs (widths 1, 2, 4, 8, 16), the policy
+    picks among those widths only, and learns to speculate as well as the best of them."""
+    from domino_sglang.graphs import verify_widths
+
+    widths = verify_widths(B)
+    best = max(expected_tokens(alpha, n) / GPU(bs, n) for n in widths)
+    policy = SpeculationPolicy(B)
+    policy.widths = widths
+    tokens, seconds, chosen = serve(policy, GPU, bs, alpha, 800, random.Random(3))
+    assert set(chosen) <= set(widths), sorted(set(chosen))
+    tail = chosen[300:]
+    rate = sum(expected_tokens(alpha, n) for n in tail) / sum(GPU(bs, n) for n in tail)
+    assert rate >= 0.93 * best, (rate, best)
