@@ -291,13 +291,24 @@ class DominoWorker(BaseSpecWorker):
             return
         for width in widths:
             if width < self.block_size:
-                self.verify_runtimes[width] = verify_graph_runtime(self.model_runner, width)
+                self.capture_runtime(self.verify_runtimes, self.model_runner, width, "verify")
                 if self.short_draft and width > 1:
-                    self.draft_runtimes[width] = verify_graph_runtime(
-                        self.draft_model_runner, width)
+                    self.capture_runtime(self.draft_runtimes, self.draft_model_runner, width,
+                                         "draft pass")
         logger.info("DOMINO: target verify CUDA graphs captured at widths %s, draft pass at %s",
                     sorted(self.verify_runtimes) + [self.block_size],
                     sorted(self.draft_runtimes) + [self.block_size])
+
+    @staticmethod
+    def capture_runtime(runtimes: dict, model_runner, width: int, what: str) -> None:
+        """Capture `model_runner`'s graphs at `width` into runtimes[width]. A width whose
+        capture fails is served eagerly (exact, slower; counted in domino_eager_rounds_total)
+        and said once, rather than refusing to start: these graphs are an optimisation."""
+        try:
+            runtimes[width] = verify_graph_runtime(model_runner, width)
+        except Exception:  # noqa: BLE001 (any capture failure: the eager path stays correct)
+            logger.exception("DOMINO: could not capture the %s CUDA graphs at width %d; rounds "
+                             "at that width run eagerly", what, width)
 
     def clear_cache_pool(self):
         # the draft KV shares the target's allocator; only held context rows are ours
