@@ -27,14 +27,14 @@ after the backbone, 6-12x.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from domino_sglang.cpu.argmax import argmax
-from domino_sglang.cpu.linear import packed_linear
+from domino_sglang.kernels import argmax
 from domino_sglang.pointer import PointerCopy, copy_wins
 
 
@@ -58,9 +58,10 @@ class HeadParams:
     lm_head_weight: torch.Tensor  # [V, H], the target's
     prefix_gru: nn.GRU
     embed_proj: nn.Sequential  # Linear(H+G -> E), SiLU, Linear(E -> V)
-    # lm_head_weight packed for oneDNN (cpu/linear.py), or None. Draft side only: a stale pack
-    # after a target weight update could only lower acceptance, never change the output.
-    lm_head_packed: torch.Tensor | None = None
+    # the base logits' matmul, x [N, H] -> [N, V or Vd], where the runtime has a faster one
+    # than F.linear (the CPU's packed oneDNN lm_head: worker.py), or None. Draft side only: a
+    # stale pack after a target weight update could only lower acceptance, never the output.
+    base_linear: Callable[[torch.Tensor], torch.Tensor] | None = None
     # draft vocabulary: token ids [Vd] (None: all V), the lm_head rows [Vd, H] and the head's
     # E -> V rows [Vd, E] at those ids (`with_vocab` makes them; copies, 2x Vd rows)
     vocab: torch.Tensor | None = None
@@ -69,11 +70,11 @@ class HeadParams:
 
     def with_vocab(self, vocab: torch.Tensor | None) -> HeadParams:
         """This head restricted to the draft vocabulary `vocab` (token ids [Vd]); None: all V.
-        The lm_head pack, if any, is dropped (the caller packs `vocab_lm_head`)."""
+        The base_linear, if any, is dropped (the caller packs `vocab_lm_head`)."""
         if vocab is None:
             return replace(self, vocab=None, vocab_lm_head=None, vocab_out_weight=None)
         vocab = vocab.to(device=self.lm_head_weight.device, dtype=torch.int64)
-        return replace(self, vocab=vocab, lm_head_packed=None,
+        return replace(self, vocab=vocab, base_linear=None,
                        vocab_lm_head=self.lm_head_weight[vocab].contiguous(),
                        vocab_out_weight=self.embed_proj[2].weight[vocab].detach().contiguous())
 
@@ -131,8 +132,8 @@ def base_logits(z: torch.Tensor, head: HeadParams) -> torch.Tensor:
     weight = head.lm_head_weight if head.vocab is None else head.vocab_lm_head
     # 2-D and contiguous: a strided 3-D bf16 input sends torch to a ~80x slower CPU GEMM path.
     zz = z[:, :-1].reshape(bs * n, h).to(weight.dtype)
-    if head.lm_head_packed is not None and zz.device.type == "cpu":
-        return packed_linear(zz, head.lm_head_packed).float().view(bs, n, -1)
+    if head.base_linear is not None:
+        return head.base_linear(zz).float().view(bs, n, -1)
     return F.linear(zz, weight).float().view(bs, n, -1)
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from domino_sglang.cpu.argmax import argmax
+from domino_sglang.kernels import argmax
 from domino_sglang.pointer import PointerCopy, copy_wins
 from domino_sglang.rollout import (
     HeadParams,

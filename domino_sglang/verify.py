@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from domino_sglang.cpu.argmax import argmax
+from domino_sglang.kernels import argmax
 from domino_sglang.sampling import RoundUniforms, SamplingRows, process_logits, sample_from
 
 

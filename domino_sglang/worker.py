@@ -18,11 +18,12 @@ them and is checked against the installed SGLang by tests/test_sglang_compat.py.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 
 import torch
 
-from domino_sglang import options
+from domino_sglang import kernels, options
 from domino_sglang.config import (
     ARCHITECTURE,
     check_against_target,
@@ -30,8 +31,8 @@ from domino_sglang.config import (
     load_draft_weights,
 )
 from domino_sglang.context import DeferredContext
+from domino_sglang.cpu import argmax as cpu_argmax
 from domino_sglang.cpu import linear as cpu_linear
-from domino_sglang.cpu.argmax import argmax
 from domino_sglang.graphs import RolloutGraphs, verify_widths
 from domino_sglang.lookup import PromptLookup
 from domino_sglang.metrics import DominoMetrics
@@ -170,9 +171,12 @@ class DominoWorker(BaseSpecWorker):
                  else load_draft_vocab_file(opts.token_map, conf.vocab_size) if opts.token_map
                  else load_draft_vocab(conf.path, conf.vocab_size))
         self.head = head.with_vocab(vocab)
+        if torch.device(self.device).type == "cpu":  # the CPU runtime's exact, faster argmax
+            kernels.install(argmax=cpu_argmax.argmax)
         if cpu_linear.is_active():  # the base logits of 15 positions: 3x faster packed (fp32)
             rows = lm_head if self.head.vocab is None else self.head.vocab_lm_head
-            self.head.lm_head_packed = cpu_linear.pack(rows)
+            self.head.base_linear = functools.partial(cpu_linear.packed_linear,
+                                                      packed=cpu_linear.pack(rows))
             # the backbone's and context projection's linears, as the target's are
             drafter = self.draft_model.drafter
             cpu_linear.pack_linears(drafter.fc)
@@ -504,7 +508,7 @@ class DominoWorker(BaseSpecWorker):
                  else logits.new_zeros(logits.shape[0], 0, logits.shape[-1]))
             tokens, accept_lens = verify_mixed(chain, logits, q, rows, u)
         else:
-            target_choice = argmax(logits)  # [bs, L] (cpu/argmax.py: torch.argmax, faster)
+            target_choice = kernels.argmax(logits)  # [bs, L]
             tokens, accept_lens = verify_greedy(chain, target_choice)
         judged = accept_lens  # the verifier's verdict, what the policy learns from
         if plan.capped is not None:

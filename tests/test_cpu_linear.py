@@ -148,6 +148,7 @@ def test_draft_base_logits_with_the_packed_lm_head():
     """The rollout's base logits (15 positions x the vocabulary) through the pack equal the
     dense ones up to float rounding (draft side: only acceptance could change)."""
     from dataclasses import replace
+    from functools import partial
 
     from domino_sglang.rollout import HeadParams, base_logits
 
@@ -157,7 +158,8 @@ def test_draft_base_logits_with_the_packed_lm_head():
                       prefix_gru=torch.nn.GRU(64, 8, bias=False),
                       embed_proj=torch.nn.Sequential())
     z = torch.randn(3, 16, 64)
-    torch.testing.assert_close(base_logits(z, replace(head, lm_head_packed=linear.pack(w))),
+    packed = partial(linear.packed_linear, packed=linear.pack(w))
+    torch.testing.assert_close(base_logits(z, replace(head, base_linear=packed)),
                                base_logits(z, head), rtol=1e-5, atol=1e-4)
 
 
