@@ -30,7 +30,7 @@ TESTS = Path(__file__).resolve().parent
 # ~20 of the server lane's ~65 minutes (CI, 2026-12-03): what lane 1 runs after the in-process tests
 LANE_1_SERVER_TESTS = ["reliability", "test_router.py", "test_sync_budget.py",
                        "test_observability_server.py", "test_local_server.py",
-                       "test_train_new_target.py", "test_plugin_scope_server.py"]
+                       "test_train_new_target.py"]
 
 
 def lanes(extra: list[str]) -> dict[str, list[list[str]]]:
