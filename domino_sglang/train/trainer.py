@@ -341,6 +341,10 @@ def sample_draft_lengths(n: int, block_size: int, short_frac: float,
     return torch.where(short, lengths, torch.full_like(lengths, block_size))
 
 
+# Padded tokens per batched target forward (TargetFeatures.many): 16 records of 512 tokens.
+BATCH_TOKENS = 8192
+
+
 class TargetFeatures:
     """The target's hidden states of the drafter's target layers, in the serving dtype.
 
@@ -375,6 +379,7 @@ class TargetFeatures:
         self.embed_weight = model.get_input_embeddings().weight.detach().float()  # [V, H]
         self.lm_head_weight = model.get_output_embeddings().weight.detach().float()  # [V, H]
         self.cache_dir = cache_dir
+        self._recent_soft: dict = {}  # many(): record id -> its soft targets
         if cache_dir is not None:
             cache_dir.mkdir(parents=True, exist_ok=True)
 
@@ -410,6 +415,61 @@ class TargetFeatures:
         return feats
 
     @torch.no_grad()
+    def many(self, records: list[dict], max_tokens: int = BATCH_TOKENS) -> list[torch.Tensor]:
+        """[T_r, K*H] features of every record (read from / written to the cache), the missing
+        ones computed in batches: records sorted by length, right-padded into forwards of at
+        most `max_tokens` padded tokens. Causal attention keeps a record's positions blind to
+        the padding after it, so each equals its own forward up to the GEMMs' rounding
+        (tests/test_train_features.py). With `topk` the soft targets are cached too (soft())."""
+        out: list[torch.Tensor | None] = [None] * len(records)
+        self._recent_soft = {}  # soft targets of this call's forwards (there may be no cache)
+        todo = []
+        for i, rec in enumerate(records):
+            cached = self._cached(rec, "")[1]
+            soft_ok = not self.topk or self._cached(rec, f".top{self.topk}")[1] is not None
+            if cached is not None and soft_ok:
+                out[i] = cached
+            else:
+                todo.append(i)
+        todo.sort(key=lambda i: len(records[i]["ids"]))
+        start = 0
+        while start < len(todo):
+            end = start + 1  # sorted by length: the last record of a group is its longest
+            while (end < len(todo)
+                   and (end + 1 - start) * len(records[todo[end]]["ids"]) <= max_tokens):
+                end += 1
+            group = [records[i] for i in todo[start:end]]
+            for i, feats in zip(todo[start:end], self._batch_forward(group)):
+                out[i] = feats
+            start = end
+        return out
+
+    def _batch_forward(self, group: list[dict]) -> list[torch.Tensor]:
+        """One target forward over `group` right-padded: each record's features (stored)."""
+        lengths = [len(rec["ids"]) for rec in group]
+        width = max(lengths)
+        ids = torch.zeros(len(group), width, dtype=torch.int64)
+        mask = torch.zeros(len(group), width, dtype=torch.int64)
+        for j, rec in enumerate(group):
+            ids[j, :lengths[j]] = torch.tensor(rec["ids"])
+            mask[j, :lengths[j]] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        model = self.model if self.topk else self.model.model
+        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
+        result = []
+        for j, rec in enumerate(group):
+            one = feats[j, :lengths[j]].clone()  # [T, K*H]
+            self._store(self._cached(rec, "")[0], one)
+            if self.topk:
+                top = out.logits[j, :lengths[j]].topk(self.topk, dim=-1)
+                soft = (top.indices.int(), top.values.to(one.dtype))
+                self._recent_soft[rec["id"]] = soft
+                self._store(self._cached(rec, f".top{self.topk}")[0], soft)
+            result.append(one)
+        return result
+
+    @torch.no_grad()
     def precompute(self, records: list[dict], rank: int, world: int) -> None:
         """Cache every record's features (and top-k) in lockstep: a sharded target's forward is a
         collective, so every rank runs the same number of forwards (rank r takes the r-th record
@@ -437,6 +497,9 @@ class TargetFeatures:
     def soft(self, rec: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """The target's top-k at every position of `rec`: (token ids [T, k] int32, logits
         [T, k] in the feature dtype); row t is the distribution of the token after x_t."""
+        recent = self._recent_soft.get(rec["id"])
+        if recent is not None and recent[0].shape[0] == len(rec["ids"]):
+            return recent
         _, soft = self._cached(rec, f".top{self.topk}")
         return soft if soft is not None else self._forward(rec)[1]
 
@@ -977,12 +1040,14 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
         for group in opt.param_groups:
             group["lr"] = lr_at(step, conf) * group["lr_scale"]
         items, soft = [], [] if conf.distill else None
-        for idx in step_records(len(pool), step, conf.batch_size, rank, world, conf.seed):
-            rec = train_recs[pool[idx]]
+        recs = [train_recs[pool[idx]] for idx in step_records(len(pool), step, conf.batch_size,
+                                                              rank, world, conf.seed)]
+        step_feats = feats.many(recs)  # the step's missing features in batched forwards
+        for rec, rec_feats in zip(recs, step_feats):
             g = torch.Generator().manual_seed(conf.seed * 1_000_003 + step * 7919 + rec["id"])
             anchors, first = sample_block_anchors(rec["start"], len(rec["ids"]), conf.anchors,
                                                   conf.first_anchors, g)
-            item = (torch.tensor(rec["ids"], device=device), feats(rec), anchors, first)
+            item = (torch.tensor(rec["ids"], device=device), rec_feats, anchors, first)
             if conf.short_blocks > 0:  # drawn after the anchors: other runs' streams unchanged
                 item += (sample_draft_lengths(len(anchors) + len(first), conf.block_size,
                                               conf.short_blocks, g),)
