@@ -669,13 +669,13 @@ def test_extra_data_is_trained_on_whole_and_checked(tmp_path, monkeypatch):
     import domino_sglang.train.trainer as trainer
 
     visited: set[int] = set()
-    real = trainer.TargetFeatures.__call__
+    real = trainer.TargetFeatures.many  # a training step's features
 
-    def spy(self, rec):
-        visited.add(rec["id"])
-        return real(self, rec)
+    def spy(self, recs, **kwargs):
+        visited.update(rec["id"] for rec in recs)
+        return real(self, recs, **kwargs)
 
-    monkeypatch.setattr(trainer.TargetFeatures, "__call__", spy)
+    monkeypatch.setattr(trainer.TargetFeatures, "many", spy)
     conf = load_train_config(None, tiny_overrides(tmp_path, data=str(tmp_path / "data.jsonl"),
                                                   extra_data=[str(answers)], distill=1.0,
                                                   distill_topk=8))
