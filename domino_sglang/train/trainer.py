@@ -341,8 +341,12 @@ def sample_draft_lengths(n: int, block_size: int, short_frac: float,
     return torch.where(short, lengths, torch.full_like(lengths, block_size))
 
 
-# Padded tokens per batched target forward (TargetFeatures.many): 16 records of 512 tokens.
-BATCH_TOKENS = 8192
+# Padded tokens per batched target forward (TargetFeatures.many), by device: an accelerator
+# runs one short record far below its throughput, so records are batched (16 of 512 tokens);
+# a CPU's forward is already compute-bound at one record, and larger batches only spill its
+# caches (benchmarks/results/train_throughput.md), so it batches short records only.
+BATCH_TOKENS = {"cpu": 1024}
+BATCH_TOKENS_DEFAULT = 8192
 
 
 class TargetFeatures:
@@ -415,12 +419,15 @@ class TargetFeatures:
         return feats
 
     @torch.no_grad()
-    def many(self, records: list[dict], max_tokens: int = BATCH_TOKENS) -> list[torch.Tensor]:
+    def many(self, records: list[dict], max_tokens: int | None = None) -> list[torch.Tensor]:
         """[T_r, K*H] features of every record (read from / written to the cache), the missing
         ones computed in batches: records sorted by length, right-padded into forwards of at
-        most `max_tokens` padded tokens. Causal attention keeps a record's positions blind to
-        the padding after it, so each equals its own forward up to the GEMMs' rounding
-        (tests/test_train_features.py). With `topk` the soft targets are cached too (soft())."""
+        most `max_tokens` padded tokens (default: BATCH_TOKENS of the device). Causal attention
+        keeps a record's positions blind to the padding after it, so each equals its own
+        forward up to the GEMMs' rounding (tests/test_train_features.py). With `topk` the soft
+        targets are cached too (soft())."""
+        if max_tokens is None:
+            max_tokens = BATCH_TOKENS.get(self.device.type, BATCH_TOKENS_DEFAULT)
         out: list[torch.Tensor | None] = [None] * len(records)
         self._recent_soft = {}  # soft targets of this call's forwards (there may be no cache)
         todo = []
@@ -447,15 +454,13 @@ class TargetFeatures:
     def _batch_forward(self, group: list[dict]) -> list[torch.Tensor]:
         """One target forward over `group` right-padded: each record's features (stored)."""
         lengths = [len(rec["ids"]) for rec in group]
-        width = max(lengths)
-        ids = torch.zeros(len(group), width, dtype=torch.int64)
-        mask = torch.zeros(len(group), width, dtype=torch.int64)
+        ids = torch.zeros(len(group), max(lengths), dtype=torch.int64)
         for j, rec in enumerate(group):
             ids[j, :lengths[j]] = torch.tensor(rec["ids"])
-            mask[j, :lengths[j]] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        # no attention mask: the padding is on the right, and the causal mask alone keeps every
+        # real position from seeing it (positions count from 0 in every row, as alone)
         model = self.model if self.topk else self.model.model
-        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        out = model(input_ids=ids.to(self.device), output_hidden_states=True)
         feats = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
         result = []
         for j, rec in enumerate(group):
