@@ -164,7 +164,7 @@ class RolloutGraphs:
         self.candidate_pool, self.use_head = candidate_pool, use_head
         self.temperature_scale, self.copy_gate = temperature_scale, copy_gate
         self.history_cap, self.capture, self.buckets = history_cap, capture, buckets
-        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.pool = None  # the CUDA graphs' memory pool, made by capture_startup
         self.buffers: dict[int, dict[str, torch.Tensor]] = {}  # bucket -> name -> buffer
         self.runners: dict[tuple, StaticRunner] = {}
         self.captured: set[tuple] = set()  # the keys built by capture_startup
@@ -227,6 +227,15 @@ class RolloutGraphs:
         return ("sampled", bucket_for(bs, self.buckets), length, self._width(history), *variant,
                 bias)
 
+    def round_shape(self, bs: int, length: int, history: torch.Tensor | None,
+                    rows: SamplingRows | None, bias: bool) -> tuple[tuple, bool]:
+        """(the runner key, whether it replays a start-up runner) of a round of bs requests
+        verifying `length` (rows: sampled, None: greedy): the one decision every device takes
+        (worker.static_rollout; tests/test_graphs.py replays a recorded trace through it)."""
+        key = (self.sampled_key(bs, length, history, rows, bias) if rows is not None
+               else self.greedy_key(bs, length, history))
+        return key, self.replayed(key)
+
     def replayed(self, key: tuple) -> bool:
         """Whether the round of `key` replays a runner built at start-up (a CUDA graph on
         CUDA); False: it runs eagerly over the static buffers."""
@@ -245,6 +254,8 @@ class RolloutGraphs:
         """Build (capture, with `capture`) every start-up runner: the number built. Later keys
         run eagerly."""
         keys = self.startup_keys()
+        if self.capture and self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         self._starting = True
         try:
             for key in keys:

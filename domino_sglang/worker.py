@@ -582,9 +582,8 @@ class DominoWorker(BaseSpecWorker):
         if reason is not None:
             self.metrics.record_eager(reason)
             return None
-        key = (graphs.sampled_key(bs, block, history, rows, bias is not None) if rows is not None
-               else graphs.greedy_key(bs, block, history))
-        if not graphs.replayed(key):
+        _key, replayed = graphs.round_shape(bs, block, history, rows, bias is not None)
+        if not replayed:
             self.metrics.record_eager("not_captured")
         if rows is not None:
             chain[:, 1:block], q = graphs.sampled(z, bonus, rows, u.draft, bias, history, lens)

@@ -219,3 +219,35 @@ def test_padding_rows_never_index_past_a_narrower_history(sampled):
                 want = greedy_rollout(z, bonus, head, 0, copy=copy)
                 got = graphs.greedy(z, bonus, history, lens)[0]
         assert torch.equal(got, want), (bs, t)
+
+
+def test_a_recorded_trace_takes_the_same_shapes_on_every_device():
+    """The (bucket, width, runner) of every round comes from one function (round_shape and the
+    planner's widths), whatever the device: replayed through a rollout configured as the CPU's
+    GPU-shaped mode runs it and one configured as CUDA would (capture on, nothing captured
+    here), a trace of shrinking and growing batches, widths and sampling takes the same
+    shapes, every one a start-up runner."""
+    from domino_sglang.graphs import verify_widths, width_for
+
+    # (bs, L wanted, sampled kind or None, history length): a recorded mix of rounds
+    trace = [(8, 6, None, 300), (3, 3, "plain", 40), (5, 5, "filters", 120), (1, 2, None, 20),
+             (4, 4, "plain", 250), (2, 6, None, 30), (8, 3, "filters", 60)]
+    shapes = {}
+    for device_view, capture in (("cpu-gpu-shape", False), ("cuda", True)):
+        graphs = RolloutGraphs(make_head(0), B, H, torch.float32, "cpu", candidate_pool=0,
+                               use_head=True, temperature_scale=1.0, copy_gate=_gate(0.5),
+                               history_cap=4096, capture=capture, buckets=(1, 2, 4, 8))
+        graphs.captured.update(graphs.startup_keys())  # what capture_startup would have built
+        widths = verify_widths(B)
+        seq = []
+        for bs, wanted, kind, t in trace:
+            length = width_for(wanted, widths)
+            history = torch.zeros(bs, t, dtype=torch.int64)
+            rows = None if kind is None else _rows(bs, kind)
+            key, replayed = graphs.round_shape(bs, length, history, rows, bias=False)
+            seq.append((bucket_for(bs, graphs.buckets), length, key, replayed))
+        shapes[device_view] = seq
+    assert shapes["cpu-gpu-shape"] == shapes["cuda"]
+    assert [s[1] for s in shapes["cuda"]] == [6, 4, 6, 2, 4, 6, 4]  # widths 1, 2, 4, B = 6
+    # replayed unless the history outgrew the start-up width (256): those run eagerly
+    assert [s[3] for s in shapes["cuda"]] == [False, True, True, True, True, True, True]
