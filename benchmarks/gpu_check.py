@@ -19,6 +19,8 @@ assumptions, the shipped 135M drafter's ratios scaled up):
   rollout graphs  the worker's own runners (graphs.RolloutGraphs): captured replay == the same
              buffers run eagerly (tokens exactly, floats within FLOAT_TOL), greedy and sampled,
              padded batches included
+  widths     the draft pass per verify width (graphs.verify_widths) at each batch size, eager
+             and captured
   start-up   RolloutGraphs.capture_startup: its memory figure vs what it allocated, a trace
              that captures nothing more, shrinking batches and histories, the rollout time per
              verify width at each batch size
@@ -268,6 +270,29 @@ def check_rollout_graphs(conf, drafter, head, dims, device, dtype, graphs: bool)
     return rows_out
 
 
+def check_draft_widths(conf, drafter, head, dims, device, dtype, graphs: bool) -> dict:
+    """The draft pass (backbone over [x_t, MASK x (W-1)], a short draft) per verify width W at
+    each batch size: eager and, on CUDA, captured (graphs.StaticRunner), in ms; the captured
+    pass's drafts equal eager's within FLOAT_TOL."""
+    from domino_sglang.graphs import StaticRunner, verify_widths
+
+    out, ok = {}, True
+    for bs in dims["batches"]:
+        for width in verify_widths(dims["block"])[1:]:
+            dims_w = {**dims, "block": width}
+            fn = draft_fn("backbone", conf, drafter, head, dims_w, bs)
+            inputs = round_inputs(dims_w, conf, bs, device, dtype, seed=20 + width)
+            row = {"eager_ms": round(1e3 * timed(partial(fn, **inputs), dims["repeats"],
+                                                 device), 3)}
+            if graphs:
+                runner = StaticRunner(fn, inputs, capture=True)
+                ok &= close(fn(**inputs)[0], runner(**inputs)[0], dtype)[0]
+                row["graph_ms"] = round(1e3 * timed(partial(runner, **inputs),
+                                                    dims["repeats"], device), 3)
+            out[f"bs{bs}_W{width}"] = row
+    return {"ok": ok, "ms": out}
+
+
 def check_startup_runners(head, drafter, dims, device, dtype, graphs: bool) -> dict:
     """The worker's start-up capture (RolloutGraphs.capture_startup at SGLang-like buckets):
     the buffer bytes it computes from the shapes vs the memory it allocated, the number of
@@ -466,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
                                                     graphs)
     for row in result["rollout_graphs"]:
         print(f"rollout graphs: {row}", flush=True)
+    result["draft_widths"] = check_draft_widths(conf, drafter, head, dims, device, dtype,
+                                                graphs)
+    print(f"draft pass per width: {result['draft_widths']}", flush=True)
     result["startup"] = check_startup_runners(head, drafter, dims, device, dtype, graphs)
     print(f"start-up runners: {result['startup']}", flush=True)
     result["copy_index"] = check_copy_index(dims, device)
@@ -476,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
           and all(r["greedy_equal"] and r["sampled_equal"] for r in result["rollout_graphs"])
           and all(r["greedy_equal_cpu"] for r in result["verify"])
           and result["copy_index"]["equal_copy_table"]
-          and result["startup"]["ok"]
+          and result["startup"]["ok"] and result["draft_widths"]["ok"]
           and result["train"]["decreased"])
     result["ok"] = ok
     print(f"verify: {result['verify']}\ncopy index: {result['copy_index']}\n"

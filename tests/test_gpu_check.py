@@ -48,6 +48,8 @@ def test_quick_cpu_run_passes_without_sglang(tmp_path):
     startup = result["startup"]  # the start-up capture: memory figure == allocated, no growth
     assert startup["ok"] and startup["buffer_bytes"] == startup["allocated_bytes"] > 0
     assert startup["shrinking_sequence_ok"] and startup["trace_built_nothing"]
+    widths = result["draft_widths"]  # the draft pass timed per verify width and batch size
+    assert widths["ok"] and set(widths["ms"]) == {f"bs{b}_W{w}" for b in (1, 3) for w in (2, 4, 8)}
     train = result["train"]  # a few optimizer steps of the training loss: finite, decreasing
     assert train["finite"] and train["decreased"] and len(train["losses"]) == train["steps"]
 
