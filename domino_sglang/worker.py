@@ -90,6 +90,9 @@ from domino_sglang.verify import one_hot_proposal, verify_greedy, verify_mixed
 from domino_sglang.vocab import load_draft_vocab, load_draft_vocab_file
 
 logger = logging.getLogger(__name__)
+# Free device memory a per-width graph capture needs to start (SGLang's DFLASH asks the same
+# before capturing its draft graphs)
+RUNTIME_MIN_FREE = 1 << 30
 # SGLang's sampler reads this once at import (sampler.py): logprobs before temperature
 _RETURN_ORIGINAL_LOGPROB = get_bool_env_var("SGLANG_RETURN_ORIGINAL_LOGPROB")
 
@@ -303,16 +306,28 @@ class DominoWorker(BaseSpecWorker):
                     sorted(self.verify_runtimes) + [self.block_size],
                     sorted(self.draft_runtimes) + [self.block_size])
 
-    @staticmethod
-    def capture_runtime(runtimes: dict, model_runner, width: int, what: str) -> None:
-        """Capture `model_runner`'s graphs at `width` into runtimes[width]. A width whose
-        capture fails is served eagerly (exact, slower; counted in domino_eager_rounds_total)
-        and said once, rather than refusing to start: these graphs are an optimisation."""
+    def capture_runtime(self, runtimes: dict, model_runner, width: int, what: str) -> None:
+        """Capture `model_runner`'s graphs at `width` into runtimes[width], logging the device
+        memory they took (outside SGLang's reservation; known only once captured). A width
+        whose capture fails, or that would start with less than RUNTIME_MIN_FREE free, is
+        served eagerly (exact, slower; counted in domino_eager_rounds_total) and said, rather
+        than refusing to start: these graphs are an optimisation."""
+        before = free_device_memory(self.device)
+        if before is not None and before < RUNTIME_MIN_FREE:
+            logger.warning("DOMINO: %.0f MB free: the %s CUDA graphs at width %d are not "
+                           "captured (rounds at that width run eagerly); lower "
+                           "--mem-fraction-static to leave room", before / 2**20, what, width)
+            return
         try:
             runtimes[width] = verify_graph_runtime(model_runner, width)
         except Exception:  # noqa: BLE001 (any capture failure: the eager path stays correct)
             logger.exception("DOMINO: could not capture the %s CUDA graphs at width %d; rounds "
                              "at that width run eagerly", what, width)
+            return
+        after = free_device_memory(self.device)
+        if before is not None and after is not None:
+            logger.info("DOMINO: %s CUDA graphs at width %d took %.1f MB", what, width,
+                        (before - after) / 2**20)
 
     def clear_cache_pool(self):
         # the draft KV shares the target's allocator; only held context rows are ours
