@@ -127,8 +127,10 @@ def main() -> None:
     if args.base_tree is not None:
         if not (args.base_tree / "domino_sglang" / "__init__.py").is_file():
             ap.error(f"--base-tree: no domino_sglang package in {args.base_tree}")
-        for m in args.base_methods:
-            methods[f"{m}-base"] = methods[m].with_env(PYTHONPATH=str(args.base_tree.resolve()))
+        for m in args.base_methods:  # the base tree's CLI too: `python -m` would otherwise
+            # put the working directory (this checkout) before PYTHONPATH (PYTHONSAFEPATH)
+            methods[f"{m}-base"] = methods[m].with_env(PYTHONPATH=str(args.base_tree.resolve()),
+                                                       PYTHONSAFEPATH="1")
         args.methods = [*args.methods, *(f"{m}-base" for m in args.base_methods)]
     if args.base_drafter is not None:
         if args.base_tree is None:
