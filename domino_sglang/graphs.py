@@ -121,10 +121,6 @@ SAMPLED_MAX_BUCKET = 16
 HISTORY_WIDTHS = tuple(256 << i for i in range(12))  # 256 .. 512k
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def history_width(tokens: int) -> int:
     """The smallest HISTORY_WIDTHS entry >= tokens (the largest if none is)."""
     return next((w for w in HISTORY_WIDTHS if w >= tokens), HISTORY_WIDTHS[-1])
@@ -268,15 +264,15 @@ class RolloutGraphs:
     def buffer_bytes(self) -> int:
         """The bytes of every buffer the start-up runners use, computed from the shapes alone
         (outside SGLang's memory reservation: checked against free memory before capture)."""
-        rows = sum(math.prod(shape) * _itemsize(dtype)
+        rows = sum(math.prod(shape) * dtype.itemsize
                    for shape, dtype, _fill in self.input_rows.values())
         total = 0
         for b in self.buckets:
             total += b * rows
             if self.copy_gate is not None:
-                total += b * HISTORY_WIDTHS[0] * _itemsize(torch.int64)
+                total += b * HISTORY_WIDTHS[0] * torch.int64.itemsize
             if b <= SAMPLED_MAX_BUCKET:  # the sampled q buffer
-                total += b * (self.block - 1) * self.head.vocab_size * _itemsize(torch.float32)
+                total += b * (self.block - 1) * self.head.vocab_size * torch.float32.itemsize
         return total
 
     def _width(self, history: torch.Tensor | None) -> int:
