@@ -127,8 +127,8 @@ def round_inputs(dims: dict, conf, bs: int, device, dtype, seed: int) -> dict:
 def draft_fn(kind: str, conf, drafter, head, dims: dict, bs: int):
     """The round's draft side as one function of its inputs: (drafts [bs, B-1], q or picks)."""
     from domino_sglang.pointer import DevicePointerCopy
-    from domino_sglang.rollout import greedy_rollout
-    from domino_sglang.sampling import RoundUniforms, SamplingRows, sampled_rollout
+    from domino_sglang.rollout import greedy_rollout, sampled_rollout
+    from domino_sglang.sampling import RoundUniforms, SamplingRows
 
     block, n_layers = dims["block"], conf.num_layers
 
@@ -223,8 +223,8 @@ def check_rollout_graphs(conf, drafter, head, dims, device, dtype, graphs: bool)
     the time of one L = B rollout, replayed vs dynamic."""
     from domino_sglang.graphs import RolloutGraphs
     from domino_sglang.pointer import DevicePointerCopy
-    from domino_sglang.rollout import greedy_rollout
-    from domino_sglang.sampling import RoundUniforms, SamplingRows, sampled_rollout
+    from domino_sglang.rollout import greedy_rollout, sampled_rollout
+    from domino_sglang.sampling import RoundUniforms, SamplingRows
 
     block, hidden, cap = dims["block"], dims["hidden"], dims["history"]
     make = lambda capture: RolloutGraphs(  # noqa: E731

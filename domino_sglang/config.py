@@ -88,7 +88,7 @@ class DraftConfig:
     pure_draft_prefix_len: int = 1
     candidate_pool: int = DEFAULT_CANDIDATE_POOL  # head over the top-K base candidates; 0 = all
     # trained on short blocks (train `short_blocks`): a round verifying L < B tokens drafts
-    # [x_t, MASK x (L-1)] only, not the whole block (worker.py `propose`)
+    # [x_t, MASK x (L-1)] only, not the whole block (drafter.py `propose`)
     short_draft: bool = False
     # sampled requests (T > 0) draw drafts at temperature T * scale (sampling.py): < 1 sharpens
     # a drafter whose distributions are flatter than the target's (benchmarks/draft_temperature.py)

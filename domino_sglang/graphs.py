@@ -33,8 +33,8 @@ from collections.abc import Callable
 import torch
 
 from domino_sglang.pointer import DevicePointerCopy
-from domino_sglang.rollout import HeadParams, greedy_rollout
-from domino_sglang.sampling import SamplingRows, sampled_rollout
+from domino_sglang.rollout import HeadParams, greedy_rollout, sampled_rollout
+from domino_sglang.sampling import SamplingRows
 
 # Batch-size buckets where SGLang's own capture list is not at hand (unit tests, gpu_check.py):
 # its default sizes start 1, 2, 4, 8, then every 8; a batch runs in the smallest bucket holding it
@@ -133,7 +133,7 @@ SAMPLED_VARIANTS = ((False, False, False), (True, True, True))
 
 
 class RolloutGraphs:
-    """The head rollout (rollout.greedy_rollout, sampling.sampled_rollout) over static buffers:
+    """The head rollout (rollout.greedy_rollout, rollout.sampled_rollout) over static buffers:
     one StaticRunner per (kind, batch bucket, L, sampling flags, logit bias), all of a bucket
     reading the same input buffers (z [bucket, B, H], the sampling rows, a pointer drafter's
     history [bucket, W] at the smallest HISTORY_WIDTHS entry W holding the round's longest history,
@@ -227,7 +227,7 @@ class RolloutGraphs:
                     rows: SamplingRows | None, bias: bool) -> tuple[tuple, bool]:
         """(the runner key, whether it replays a start-up runner) of a round of bs requests
         verifying `length` (rows: sampled, None: greedy): the one decision every device takes
-        (worker.static_rollout; tests/test_graphs.py replays a recorded trace through it)."""
+        (drafter.static_rollout; tests/test_graphs.py replays a recorded trace through it)."""
         key = (self.sampled_key(bs, length, history, rows, bias) if rows is not None
                else self.greedy_key(bs, length, history))
         return key, self.replayed(key)

@@ -18,11 +18,12 @@ Replaying the target's greedy answers to the first 20 MT-Bench / HumanEval / GSM
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from domino_sglang.copyrule import suffix_matches
+from domino_sglang.proposer import DraftSlots, Proposal
 
 MIN_MATCH = 2  # suffix tokens that must recur: a 1-token match mostly copies noise
 MAX_MATCH = 12  # longest suffix compared (as SGLang's NGRAM max match window)
@@ -118,10 +119,25 @@ class LookupDrafts:
 
 
 class PromptLookup:
-    """The prompt-lookup proposer of a worker drafting blocks of `block_size` tokens."""
+    """The prompt-lookup proposer (proposer.Proposer) of a worker drafting blocks of
+    `block_size` tokens over a vocabulary of `vocab_size` (its sampled q are one-hot over it).
+    The planner asks `find` (which rows copy decides L); `propose` then writes the copies."""
 
-    def __init__(self, block_size: int, mask_token_id: int, device):
+    def __init__(self, block_size: int, mask_token_id: int, device, vocab_size: int = 0):
         self.block_size, self.mask_token_id, self.device = block_size, mask_token_id, device
+        self.vocab_size = vocab_size
+
+    def propose(self, batch, plan, at: DraftSlots, proposal: Proposal) -> Proposal:
+        """The copying rows' drafts over the chain, [x_t, copy, MASK..]; in a sampled round
+        their q one-hot on them (one_hot_proposal), the drafter's rows keeping theirs."""
+        if plan.copies is None:
+            return proposal
+        chain = at.chain
+        chain[:, 1:] = torch.where(plan.copied[:, None], plan.copies.drafts, chain[:, 1:])
+        if not plan.sampled:
+            return proposal
+        q = one_hot_proposal(chain[:, 1:plan.length], plan.copied, proposal.q, self.vocab_size)
+        return replace(proposal, q=q)
 
     def find(self, batch, bonus: torch.Tensor, capped: list[bool] | None) -> LookupDrafts | None:
         """Lookup drafts from each request's prompt + output so far (SGLang Reqs: batch.reqs),
@@ -154,3 +170,16 @@ class PromptLookup:
         dev = packed.to(self.device)
         found = (dev[:, n] > 0) & (dev[:, n + 1] == bonus)
         return LookupDrafts(found_host, found, dev[:, :n], int(lens.max()))
+
+
+def one_hot_proposal(drafts: torch.Tensor, rows: torch.Tensor, q: torch.Tensor | None,
+                     vocab: int) -> torch.Tensor:
+    """q [bs, n, V] with `rows` [bs] replaced by one-hot distributions on their drafts [bs, n]
+    (q None: every row one-hot). A draft fixed before verification, whatever chose it, is a
+    proposal drawn from its one-hot q: verify_sampled keeps it with probability p(d) and
+    recovers from p without d, exact as for any q."""
+    one_hot = torch.zeros(*drafts.shape, vocab, dtype=torch.float32, device=drafts.device)
+    one_hot.scatter_(2, drafts[..., None], 1.0)
+    if q is None:
+        return one_hot
+    return torch.where(rows[:, None, None], one_hot.to(q.dtype), q)  # no boolean indexing

@@ -24,7 +24,8 @@ from domino_sglang.metrics import RoundClock, draft_outcomes, head_change_outcom
 
 if TYPE_CHECKING:
     from domino_sglang.planner import RoundPlan
-    from domino_sglang.worker import Proposal, Verdict
+    from domino_sglang.proposer import Proposal
+    from domino_sglang.worker import Verdict
 
 logger = logging.getLogger("domino_sglang.worker")  # the round log lines keep their logger
 
@@ -63,7 +64,7 @@ class RoundObserver:
         """Learn from a finished round: chain [bs, L] as verified, verdict's accept lengths
         [bs] (a + 1 per request, one-token rows capped at 1)."""
         bs, block, copied = len(batch.reqs), plan.length, plan.copied
-        accept_lens, drafted = verdict.accept_lens, None if proposal is None else proposal.drafts
+        accept_lens, drafted = verdict.accept_lens, None if proposal is None else proposal.base_pick
         observe = self.policy.enabled and block > 1  # the policy learns from drafted rounds
         readback = [verdict.judged.to(torch.int64)] if observe else []  # [bs]
         outcomes = copies = None

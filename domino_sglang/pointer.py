@@ -16,10 +16,11 @@ p_i the drafter's own distribution (backbone at i = 0, backbone + head after). q
 drafted and, sampled, what is verified (a proper distribution: exact as any other q). Trained in
 the same CE as p (curriculum.py), p no longer has to spend its mass where the copy is right.
 
-Serving (worker.py `pointer_copy`, rollout.py `pointer_pick`, sampling.py `pointer_sample`): each
-running request keeps a CopyIndex of its history, extended by the tokens committed since its
-last round; at position i the rollout asks it for (c_i, n_i) of history + the chain drafted so
-far, so serving sees exactly the candidates training did. Greedy drafts argmax q; sampled
+Serving (`CopyPaths`, asked by drafter.py; rollout.py `pointer_pick` / `pointer_sample` mix the
+copy in): each running request keeps a copy index of its history, extended by the tokens
+committed since its last round; at position i the rollout asks it for (c_i, n_i) of history +
+the chain drafted so far (`PointerCopy.gate_at`), so serving sees exactly the candidates
+training did. Greedy drafts argmax q; sampled
 requests draw from q and verify against it. p(c) is 0 where the served p has no row for c
 (outside the draft vocabulary or the head's candidate pool): the copy can draft any token.
 """
@@ -171,6 +172,12 @@ class PointerCopy:
         logit = self.z_logit[:, i] + self.match_logit[match.clamp(0, COPY_MAX_MATCH)]
         return log_gate(logit, cand)
 
+    def gate_at(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Position i's copy: (candidate c [bs], log g [bs], log(1 - g) [bs]) of every
+        request's history + chain so far (the rollout's one question per position)."""
+        c, n = self.candidates()
+        return (c, *self.log_gate(i, c, n))
+
     def append(self, tokens: torch.Tensor, won: torch.Tensor | None = None) -> None:
         """The tokens [bs] chosen at this position join each chain; won [bs] bool: where they
         are the copy winning a greedy pick (metrics)."""
@@ -300,3 +307,48 @@ class DeviceHistories:
         self.buf[packed[:m], packed[m:2 * m]] = packed[2 * m:3 * m]
         index = packed[3 * m:3 * m + bs]
         return self.buf[index, :max(lens)], packed[3 * m + bs:]
+
+
+class CopyPaths:
+    """A pointer drafter's copy indexes across rounds and each round's copy path over them: on
+    the device (`DeviceHistories` + `DevicePointerCopy`: no host synchronisation per draft
+    position) or on the host (a `CopyIndex` per running request: dict lookups), as
+    copy_index_on_device chose. `gate`: the drafter's copy gate."""
+
+    def __init__(self, gate: torch.nn.Linear, device: torch.device | str, on_device: bool):
+        self.gate, self.device = gate, torch.device(device)
+        self.histories = DeviceHistories(device) if on_device else None
+        self.indexes: dict[str, CopyIndex] = {}  # request id -> its host index
+
+    @property
+    def on_device(self) -> bool:
+        return self.histories is not None
+
+    def history(self, reqs, bonus: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device index's round input: every request's prompt + output, x_t last (history
+        [bs, T], lens [bs]; one host-to-device copy, no synchronisation). A request whose
+        recorded output does not end in x_t (it would: rounds run synchronously) copies from
+        x_t and its chain only, as CopyIndex does."""
+        history, lens = self.histories.update(reqs)  # [bs, T], [bs]
+        last = history.gather(1, (lens - 1).clamp(min=0)[:, None]).squeeze(1)
+        ok = (lens > 0) & (last == bonus)  # else: [x_t] alone
+        history = history.clone()
+        history[:, 0] = torch.where(ok, history[:, 0], bonus.to(history.dtype))
+        return history, torch.where(ok, lens, torch.ones_like(lens))
+
+    def for_round(self, reqs, bonus: torch.Tensor, n: int,
+                  history: tuple[torch.Tensor, torch.Tensor] | None = None) -> PointerCopy:
+        """The round's copy path over n positions: each request's index brought up to its
+        prompt + output (x_t last; only the new tokens are indexed), the indexes of requests
+        that left the batch dropped. On the device: `history` (the round's, when the caller
+        already took it); on the host: a read of x_t and host lookups per position."""
+        if self.histories is not None:
+            return DevicePointerCopy(self.gate, *(history or self.history(reqs, bonus)), n)
+        indexes = []
+        for req, x_t in zip(reqs, bonus.tolist()):
+            tokens = req.origin_input_ids + req.output_ids
+            index = self.indexes.get(req.rid) or CopyIndex()
+            index.sync(tokens if tokens and tokens[-1] == x_t else [x_t])
+            indexes.append(index)
+        self.indexes = {r.rid: ix for r, ix in zip(reqs, indexes)}
+        return PointerCopy(self.gate, indexes, bonus.device)

@@ -1,4 +1,5 @@
-"""The Domino head rollout: turn the backbone's block states into a causal chain of draft tokens.
+"""The draft step: the Domino head rollout turns the backbone's block states into a causal chain
+of draft tokens (head step, a pointer drafter's copy mixing, the pick: greedy or sampled).
 
 Terms and shapes (bs requests, block size B, hidden H, GRU width G, vocabulary V):
 
@@ -10,8 +11,11 @@ Terms and shapes (bs requests, block size B, hidden H, GRU width G, vocabulary V
     d_1 = pick(logits_0), d_{i+1} = pick(logits_i)
 
 The loop is sequential over the B-1 positions and parallel over requests, with static shapes and
-no host synchronisation (CUDA-graph friendly). `pick` is argmax (greedy) here; the sampled
-rollout (lossless sampling) lives in `sampling.py` and reuses `head_step`.
+no host synchronisation (CUDA-graph friendly). `pick` is argmax in `greedy_rollout`; in
+`sampled_rollout` (lossless sampling) a draw from q_i, the request's sampling transform of the
+same logits (sampling.py's primitives; the terms there). A pointer drafter's copy (pointer.py)
+is asked one question per position (`PointerCopy.gate_at`) and mixed in here (`pointer_pick`,
+`pointer_sample`). Depends on torch, kernels.py, sampling.py and pointer.py; nothing calls back.
 
 Candidate pool (upstream's speed-up): score the head only over K block-shared candidates, the
 top-K of max_i base_i; K = 0 means the full vocabulary. Draft-side approximation only:
@@ -36,6 +40,7 @@ from torch import nn
 
 from domino_sglang.kernels import argmax
 from domino_sglang.pointer import PointerCopy, copy_wins
+from domino_sglang.sampling import SamplingRows, process_logits, sample_from
 
 
 def gru_step(gru: nn.GRU, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -158,8 +163,7 @@ def pointer_pick(copy: PointerCopy, i: int, logits: torch.Tensor,
     q = (1 - g) softmax(logits) + g onehot(c), i.e. c when (1 - g) p(c) + g > (1 - g) p(pick).
     logits [bs, K] over position i's columns (copy_column), pick [bs] the argmax's token ids.
     Returns the tokens [bs], which also join the copy path's chains."""
-    c, n = copy.candidates()
-    log_g, log_1mg = copy.log_gate(i, c, n)
+    c, log_g, log_1mg = copy.gate_at(i)
     logp = torch.log_softmax(logits.float(), dim=-1)  # [bs, K]
     col, present = copy_column(c, head, pool_ids)
     lp_c = logp.gather(1, col[:, None]).squeeze(1).masked_fill(~present, float("-inf"))
@@ -217,3 +221,115 @@ def greedy_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams,
             s = gru_step(head.prefix_gru, head.embed(nxt).to(gdtype), s)
     chain = torch.stack(proposals, dim=1)
     return (chain, head.token_ids(argmax(base))) if return_base_pick else chain
+
+
+def spread(qd: torch.Tensor, head: HeadParams) -> torch.Tensor:
+    """A distribution over the draft vocabulary [.., Vd] -> over the vocabulary [.., V], zero
+    outside: exactly the full vocabulary's distribution with -inf logits outside the draft
+    vocabulary (top-k / top-p rank those last). The identity without a draft vocabulary."""
+    if head.vocab is None:
+        return qd
+    return qd.new_zeros(*qd.shape[:-1], head.vocab_size).index_copy_(-1, head.vocab, qd)
+
+
+def pointer_sample(copy: PointerCopy, i: int, logits: torch.Tensor,
+                   probs: torch.Tensor, rows: SamplingRows, u: torch.Tensor, head: HeadParams,
+                   pool_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pointer drafter's sampled draft at one position (pointer.py): d ~ q with
+    q = (1 - g) probs + g onehot(c), probs [bs, K] the processed distribution over position i's
+    columns (copy_column), logits [bs, K] before processing. A greedy row drafts q's
+    argmax (g becomes 1 where c wins, else 0), as greedy_rollout. Returns (d [bs], q [bs, V]);
+    q is exactly what d was drawn from, so verification stays exact."""
+    c, log_g, log_1mg = copy.gate_at(i)
+    if rows.has_greedy:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        col, present = copy_column(c, head, pool_ids)
+        lp_c = logp.gather(1, col[:, None]).squeeze(1).masked_fill(~present, float("-inf"))
+        wins = copy_wins(logp.amax(dim=-1), lp_c, c, log_g, log_1mg)
+        g = torch.where(rows.greedy, wins.float(), log_g.exp())  # [bs]
+    else:
+        g = log_g.exp()  # 0 where there is no candidate
+    cols = (pool_ids if pool_ids is not None
+            else (head.vocab if head.vocab is not None
+                  else torch.arange(probs.shape[1], device=probs.device)).expand_as(probs))
+    kept = probs * (1.0 - g)[:, None]  # [bs, K]
+    ids = torch.cat((cols, c.clamp(min=0)[:, None]), dim=1)  # [bs, K + 1]
+    d = ids.gather(1, sample_from(torch.cat((kept, g[:, None]), dim=1), u)[:, None]).squeeze(1)
+    q = kept.new_zeros(kept.shape[0], head.vocab_size).scatter_(1, cols, kept)
+    q.scatter_add_(1, c.clamp(min=0)[:, None], g[:, None])
+    copy.append(d)
+    return d, q
+
+
+@torch.no_grad()
+def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows: SamplingRows,
+                    u_draft: torch.Tensor, candidate_pool: int = 0, use_head: bool = True,
+                    logit_bias: torch.Tensor | None = None, temperature_scale: float = 1.0,
+                    copy: PointerCopy | None = None, out: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sampled chain: drafts [bs, n] and the distributions they were drawn from, q [bs, n, V].
+
+    z [bs, B, H], bonus [bs] (x_t), u_draft [bs, n], logit_bias [bs, V] (the request's, added
+    to every draft logit as the target gets it). With a candidate pool, q is zero outside it.
+    temperature_scale: q at temperature T * scale (module docstring). copy: a pointer
+    drafter's copy path: every q is mixed with the copy candidate (pointer_sample). out: a
+    float32 [bs, n, V] buffer q is written into (graphs.RolloutGraphs: one per batch bucket).
+    """
+    if out is not None and (out.shape[0] != z.shape[0] or out.shape[1] != z.shape[1] - 1):
+        raise ValueError(f"sampled_rollout: out has shape {tuple(out.shape)}, q needs "
+                         f"[{z.shape[0]}, {z.shape[1] - 1}, V]")
+    rows = rows.tempered(temperature_scale)
+    base = base_logits(z, head)  # [bs, n, V] fp32 ([bs, n, Vd] over a draft vocabulary)
+    if logit_bias is not None:
+        bias = logit_bias if head.vocab is None else logit_bias[:, head.vocab]
+        base = base + bias[:, None, :]
+    n, vocab = base.shape[1], head.vocab_size
+    if copy is not None:
+        copy.start(z[:, :n])
+    if not use_head and copy is None:
+        qd = process_logits(base.reshape(-1, base.shape[2]), rows.repeat(n))
+        drafts = head.token_ids(sample_from(qd, u_draft.reshape(-1))).view(-1, n)
+        q = spread(qd, head).view(-1, n, vocab)
+        return drafts, q if out is None else out.copy_(q)
+    if not use_head:  # backbone only, position by position: the copies depend on the chain
+        picks = [pointer_sample(copy, i, base[:, i], process_logits(base[:, i], rows), rows,
+                                u_draft[:, i], head) for i in range(n)]
+        q = torch.stack([q for _, q in picks], dim=1)
+        return torch.stack([d for d, _ in picks], dim=1), q if out is None else out.copy_(q)
+    cand = make_candidates(base, head, candidate_pool)
+    # q [bs, n, V]; with a pool, q_i (i >= 1) is 0 outside it; with a draft vocabulary, outside
+    # that
+    q = base.new_zeros(base.shape[0], n, vocab) if out is None else out.zero_()
+    q0 = process_logits(base[:, 0], rows)
+    if copy is not None:
+        d0, q[:, 0] = pointer_sample(copy, 0, base[:, 0], q0, rows, u_draft[:, 0], head)
+        drafts = [d0]
+    else:
+        q[:, 0] = spread(q0, head)
+        drafts = [head.token_ids(sample_from(q0, u_draft[:, 0]))]
+    gdtype = head.prefix_gru.weight_hh_l0.dtype
+    s = z.new_zeros(z.shape[0], head.prefix_gru.hidden_size, dtype=gdtype)
+    s = gru_step(head.prefix_gru, head.embed(bonus).to(gdtype), s)
+    s = gru_step(head.prefix_gru, head.embed(drafts[0]).to(gdtype), s)
+    zh = z.to(gdtype)
+    for i in range(1, n):
+        logits = head_step(head, zh[:, i], s, base[:, i].to(gdtype), cand, i).float()
+        if copy is not None:
+            d, q[:, i] = pointer_sample(copy, i, logits, process_logits(logits, rows),
+                                        rows, u_draft[:, i], head,
+                                        None if cand is None else cand.ids)
+        elif cand is None:
+            qd = process_logits(logits, rows)
+            q[:, i] = spread(qd, head)
+            d = head.token_ids(sample_from(qd, u_draft[:, i]))
+        else:
+            # Processed over the pool alone [bs, K]: the same distribution as over the full
+            # vocabulary with -inf outside the pool (those tokens get probability 0 and rank
+            # last for top-k / top-p), at K / V of the cost; d is drawn from exactly the q kept.
+            q_pool = process_logits(logits, rows)
+            q[:, i].scatter_(1, cand.ids, q_pool)
+            d = cand.ids.gather(1, sample_from(q_pool, u_draft[:, i])[:, None]).squeeze(1)
+        drafts.append(d)
+        if i + 1 < n:
+            s = gru_step(head.prefix_gru, head.embed(d).to(gdtype), s)
+    return torch.stack(drafts, dim=1), q

@@ -103,16 +103,3 @@ def verify_mixed(chain: torch.Tensor, logits: torch.Tensor, q: torch.Tensor,
     greedy = rows.greedy
     return (torch.where(greedy[:, None], g_tokens, tokens),
             torch.where(greedy, g_len, accept_len))
-
-
-def one_hot_proposal(drafts: torch.Tensor, rows: torch.Tensor, q: torch.Tensor | None,
-                     vocab: int) -> torch.Tensor:
-    """q [bs, n, V] with `rows` [bs] replaced by one-hot distributions on their drafts [bs, n]
-    (q None: every row one-hot). A draft fixed before verification, whatever chose it, is a
-    proposal drawn from its one-hot q: verify_sampled keeps it with probability p(d) and
-    recovers from p without d, exact as for any q."""
-    one_hot = torch.zeros(*drafts.shape, vocab, dtype=torch.float32, device=drafts.device)
-    one_hot.scatter_(2, drafts[..., None], 1.0)
-    if q is None:
-        return one_hot
-    return torch.where(rows[:, None, None], one_hot.to(q.dtype), q)  # no boolean indexing

@@ -33,35 +33,28 @@ from domino_sglang.config import (
 from domino_sglang.context import DeferredContext
 from domino_sglang.cpu import argmax as cpu_argmax
 from domino_sglang.cpu import linear as cpu_linear
+from domino_sglang.drafter import DominoDrafter
 from domino_sglang.graphs import RolloutGraphs, verify_widths
 from domino_sglang.lookup import PromptLookup
 from domino_sglang.metrics import DominoMetrics
 from domino_sglang.model import sglang_draft_model_class
 from domino_sglang.observer import RoundObserver
 from domino_sglang.planner import RoundPlan, RoundPlanner
-from domino_sglang.pointer import (
-    CopyIndex,
-    DeviceHistories,
-    DevicePointerCopy,
-    PointerCopy,
-    copy_index_on_device,
-)
+from domino_sglang.pointer import CopyPaths, copy_index_on_device
 from domino_sglang.policy import SpeculationPolicy, cost_model
-from domino_sglang.rollout import greedy_rollout
+from domino_sglang.proposer import DraftSlots, Proposal, Proposer
 from domino_sglang.sampling import (
     RESAMPLE,
     RoundUniforms,
     SamplingRows,
     process_logits,
     sample_from,
-    sampled_rollout,
     seeded_uniform,
 )
 from domino_sglang.sglang_compat import (
     BaseSpecWorker,
     CaptureHiddenMode,
     DFlashVerifyInput,
-    ForwardBatch,
     ForwardMode,
     GenerationBatchResult,
     GrammarTree,
@@ -80,13 +73,12 @@ from domino_sglang.sglang_compat import (
     get_spec,
     graph_batch_sizes,
     host_lens_grown,
-    make_draft_block_spec_info,
     make_draft_input_v2,
     register_draft_architecture,
     sanitize_nan_logits,
     verify_graph_runtime,
 )
-from domino_sglang.verify import one_hot_proposal, verify_greedy, verify_mixed
+from domino_sglang.verify import verify_greedy, verify_mixed
 from domino_sglang.vocab import load_draft_vocab, load_draft_vocab_file
 
 logger = logging.getLogger(__name__)
@@ -95,18 +87,6 @@ logger = logging.getLogger(__name__)
 RUNTIME_MIN_FREE = 1 << 30
 # SGLang's sampler reads this once at import (sampler.py): logprobs before temperature
 _RETURN_ORIGINAL_LOGPROB = get_bool_env_var("SGLANG_RETURN_ORIGINAL_LOGPROB")
-
-
-@dataclasses.dataclass(frozen=True)
-class Proposal:
-    """A round's drafts beyond the chain itself: drafts = q [bs, L-1, V] (sampled: what the
-    drafts were drawn from, copied rows one-hot) or the backbone's own argmax picks [bs, L-1]
-    (greedy: head metrics), None without a draft pass; copied [bs, L-1] bool: the greedy
-    positions the pointer copy drafted (metrics); pointer: whether the copy path ran."""
-
-    drafts: torch.Tensor | None = None
-    copied: torch.Tensor | None = None
-    pointer: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,13 +122,6 @@ class DominoWorker(BaseSpecWorker):
         self.conf = conf
         # the serving options (options.py), from this server's flags and the drafter's config
         self.options = opts = options.for_server(server_args, conf, self.block_size)
-        self.candidate_pool = opts.candidate_pool
-        # head off: backbone only, i.e. the DFlash baseline from the same checkpoint.
-        self.use_head = opts.head
-        self.short_draft = opts.short_draft  # see propose
-        self.lookup = opts.lookup  # off: Domino drafts only (lookup.py)
-        # sampled requests draft at temperature T * scale (sampling.py)
-        self.draft_temperature_scale = opts.draft_temperature_scale
 
         # The draft config names SGLang's DFlashDraftModel; in this (scheduler) process, and only
         # when DOMINO was chosen, that architecture resolves to our drafter class.
@@ -162,62 +135,60 @@ class DominoWorker(BaseSpecWorker):
         self.draft_model = bundle.draft_model  # DominoDraftModel
 
         target_model = self.model_runner.model
-        self.embed = target_model.model.embed_tokens  # the target's, shared
+        embed = target_model.model.embed_tokens  # the target's, shared
         # On the CPU the head's small sequential GEMVs run faster in fp32 than in bf16 (16-block
         # rollout, bs 1: 22 vs 31 ms, benchmarks/head_cost.py); 4 MB of weights.
         head_dtype = torch.float32 if torch.device(self.device).type == "cpu" else None
         # SGLang pads lm_head rows to a multiple of 64: the head scores the real vocabulary only
         lm_head = target_model.lm_head.weight[:target_cfg.vocab_size]  # [V, H]
-        head = self.draft_model.drafter.head(self.embed, lm_head, head_dtype)
+        head = self.draft_model.drafter.head(embed, lm_head, head_dtype)
         # the draft vocabulary (vocab.py): base logits over its Vd rows of the lm_head only
         vocab = (None if not opts.draft_vocab
                  else load_draft_vocab_file(opts.token_map, conf.vocab_size) if opts.token_map
                  else load_draft_vocab(conf.path, conf.vocab_size))
-        self.head = head.with_vocab(vocab)
+        head = head.with_vocab(vocab)
         if torch.device(self.device).type == "cpu":  # the CPU runtime's exact, faster argmax
             kernels.install(argmax=cpu_argmax.argmax)
         if cpu_linear.is_active():  # the base logits of 15 positions: 3x faster packed (fp32)
-            rows = lm_head if self.head.vocab is None else self.head.vocab_lm_head
-            self.head.base_linear = functools.partial(cpu_linear.packed_linear,
-                                                      packed=cpu_linear.pack(rows))
+            rows = lm_head if head.vocab is None else head.vocab_lm_head
+            head.base_linear = functools.partial(cpu_linear.packed_linear,
+                                                 packed=cpu_linear.pack(rows))
             # the backbone's and context projection's linears, as the target's are
             drafter = self.draft_model.drafter
             cpu_linear.pack_linears(drafter.fc)
             cpu_linear.pack_linears(drafter.layers)
         # a pointer-generator drafter (pointer.py): its copy gate, in the head's dtype, and each
-        # running request's copy index, extended round by round (request id -> CopyIndex);
-        # copy off drafts from p alone (the gate unused)
+        # running request's copy index, on the device (pointer.copy_index_on_device: CUDA by
+        # default) or the host; copy off drafts from p alone (the gate unused)
         gate = self.draft_model.drafter.copy_gate if opts.copy else None
-        self.copy_gate = gate.to(head_dtype) if gate is not None and head_dtype else gate
-        self.copy_indexes: dict[str, CopyIndex] = {}
-        # or on the device (pointer.copy_index_on_device: CUDA by default)
-        on_device = gate is not None and (copy_index_on_device(self.device, opts.copy_index)
-                                          or bool(opts.gpu_shape))
-        self.device_histories = DeviceHistories(self.device) if on_device else None
-        if self.head.vocab is not None:
+        gate = gate.to(head_dtype) if gate is not None and head_dtype else gate
+        copy = None if gate is None else CopyPaths(
+            gate, self.device,
+            on_device=copy_index_on_device(self.device, opts.copy_index) or bool(opts.gpu_shape))
+        if head.vocab is not None:
             logger.info("DOMINO draft vocabulary: %d of %d tokens (%s)",
-                        len(self.head.vocab), conf.vocab_size, conf.path)
+                        len(head.vocab), conf.vocab_size, conf.path)
         self._block_offsets = torch.arange(self.block_size, device=self.device)
         self.metrics = DominoMetrics.for_scheduler(self.block_size, self.device)
         profile, cost = cost_model(torch.device(self.device).type,
                                    str(self.model_runner.dtype), override=opts.cost,
-                                   short_draft=self.short_draft)
+                                   short_draft=opts.short_draft)
         self.policy = SpeculationPolicy.from_config(opts, cost)  # adaptive off: fixed block
         self._plain_decode: bool | None = None  # see plain_decode_forward
-        # CUDA graphs (init_cuda_graphs): whether SGLang's draft graph runner captured the draft
-        # pass, the head rollout's static runners, and the target's width-1 verify runtime
-        self.graph_bs: tuple[int, ...] = ()
-        self.rollout_graphs: RolloutGraphs | None = None
         # the captured target verify runtimes by width (1 and the widths < B; B is the target's
-        # own graphs) and the drafter's by draft width (B: SGLang's draft graph runner)
+        # own graphs; init_cuda_graphs), and whether the round is GPU-shaped (graphs.py)
         self.verify_runtimes: dict[int, tuple] = {}
-        self.draft_runtimes: dict[int, tuple] = {}
-        # the round's stages besides the worker's own: the plan (L, copies; planner.py) and what
+        self.gpu_shaped = False
+        # the round's stages besides the worker's own: the plan (L, copies; planner.py), the
+        # proposers (proposer.py: the Domino drafter, then prompt lookup over its rows) and what
         # the round teaches the metrics and the policy (observer.py)
-        self.planner = RoundPlanner(
-            self.policy, self.block_size, self.device,
-            PromptLookup(self.block_size, conf.mask_token_id, self.device) if self.lookup
-            else None)  # its widths: every L until init_cuda_graphs knows the captured ones
+        self.drafter = DominoDrafter(self.draft_model_runner, embed, head, copy, opts,
+                                     self.block_size, self.device, self.metrics)
+        lookup = (PromptLookup(self.block_size, conf.mask_token_id, self.device, head.vocab_size)
+                  if opts.lookup else None)  # off: Domino drafts only
+        self.proposers: tuple[Proposer, ...] = (self.drafter,) + ((lookup,) if lookup else ())
+        self.planner = RoundPlanner(self.policy, self.block_size, self.device, lookup)
+        # (the planner's widths: every L until init_cuda_graphs knows the captured ones)
         self.observer = RoundObserver(self.metrics, self.policy)
         # plain rounds' draft-context writes, batched until a draft pass needs them (context.py)
         self.context = DeferredContext(self.write_draft_context)
@@ -226,10 +197,10 @@ class DominoWorker(BaseSpecWorker):
                     "copy %s, draft pass %s, prompt lookup %s, policy %s (cost profile %s: %s)",
                     self.block_size,
                     conf.num_layers, list(conf.target_layer_ids),
-                    self.candidate_pool or "full vocabulary", "on" if self.use_head else "OFF",
-                    "on" if self.copy_gate is not None else "off",
-                    "L tokens" if self.short_draft else "whole block",
-                    "on" if self.lookup else "off",
+                    opts.candidate_pool or "full vocabulary", "on" if opts.head else "OFF",
+                    "on" if copy is not None else "off",
+                    "L tokens" if opts.short_draft else "whole block",
+                    "on" if lookup else "off",
                     "adaptive" if self.policy.enabled else "fixed block", profile, cost)
 
     # ---- lifecycle hooks called by the scheduler ----
@@ -266,21 +237,24 @@ class DominoWorker(BaseSpecWorker):
         UNVERIFIED on a GPU: no session that wrote it had one (README, GPU)."""
         captured = decode_graph_batch_sizes(self.device)
         gpu_shape = bool(captured) if self.options.gpu_shape is None else self.options.gpu_shape
-        self.graph_bs = captured
+        drafter, opts = self.drafter, self.options
+        drafter.graph_bs = captured
         self._draft_worker.init_cuda_graphs(capture_decode_cuda_graph=bool(captured))
         if not gpu_shape:
             return
+        self.gpu_shaped = True
         buckets = graph_batch_sizes(self.model_runner, captured)
         widths = verify_widths(self.block_size)
         self.planner.widths = self.policy.widths = widths
-        gate = self.copy_gate if self.device_histories is not None else None
-        self.rollout_graphs = RolloutGraphs(
-            self.head, self.block_size, self.conf.hidden_size, self.draft_model_runner.dtype,
-            self.device, candidate_pool=self.candidate_pool, use_head=self.use_head,
-            temperature_scale=self.draft_temperature_scale, copy_gate=gate,
+        copy = drafter.copy
+        graphs = drafter.rollout_graphs = RolloutGraphs(
+            drafter.head, self.block_size, self.conf.hidden_size, self.draft_model_runner.dtype,
+            self.device, candidate_pool=opts.candidate_pool, use_head=opts.head,
+            temperature_scale=opts.draft_temperature_scale,
+            copy_gate=copy.gate if copy is not None and copy.on_device else None,
             history_cap=self.model_runner.model_config.context_len,
             capture=bool(captured), buckets=buckets)
-        need = self.rollout_graphs.buffer_bytes()
+        need = graphs.buffer_bytes()
         free = free_device_memory(self.device)
         logger.info("DOMINO: CUDA-graph shapes: batch buckets %s, verify widths %s; %.1f MB of "
                     "static rollout buffers outside SGLang's reservation (%s free)",
@@ -291,7 +265,7 @@ class DominoWorker(BaseSpecWorker):
                 f"DOMINO: the head rollout's static buffers need {need / 2**20:.0f} MB but "
                 f"{free / 2**20:.0f} MB of device memory is free: lower --mem-fraction-static "
                 f"(or --max-running-requests, or --disable-cuda-graph)")
-        built = self.rollout_graphs.capture_startup()
+        built = graphs.capture_startup()
         logger.info("DOMINO: %d head-rollout runners built at start-up (%s)", built,
                     "CUDA graphs" if captured else "run eagerly: no CUDA graphs here")
         if not captured:
@@ -299,12 +273,12 @@ class DominoWorker(BaseSpecWorker):
         for width in widths:
             if width < self.block_size:
                 self.capture_runtime(self.verify_runtimes, self.model_runner, width, "verify")
-                if self.short_draft and width > 1:
-                    self.capture_runtime(self.draft_runtimes, self.draft_model_runner, width,
+                if opts.short_draft and width > 1:
+                    self.capture_runtime(drafter.runtimes, self.draft_model_runner, width,
                                          "draft pass")
         logger.info("DOMINO: target verify CUDA graphs captured at widths %s, draft pass at %s",
                     sorted(self.verify_runtimes) + [self.block_size],
-                    sorted(self.draft_runtimes) + [self.block_size])
+                    sorted(drafter.runtimes) + [self.block_size])
 
     def capture_runtime(self, runtimes: dict, model_runner, width: int, what: str) -> None:
         """Capture `model_runner`'s graphs at `width` into runtimes[width], logging the device
@@ -416,7 +390,7 @@ class DominoWorker(BaseSpecWorker):
         """One round for every running request (bs of them, block size B):
 
           1. draft:   z = backbone([x_t, MASK x (W-1)] | context K/V)        one pass, all blocks
-                      (W = B; W = L for a drafter trained on short blocks, see draft)
+                      (W = B; W = L for a drafter trained on short blocks: drafter.py)
                       a request whose last n >= 2 tokens recur in its own history drafts
                       d_1.. = what followed them there instead (lookup.py); no pass if all do
           2. refine:  d_1 = argmax base_0; d_{i+1} = argmax(base_i + head(z_i, GRU(x_t, d_1..d_i)))
@@ -441,18 +415,16 @@ class DominoWorker(BaseSpecWorker):
         bs, block, prefix_lens = len(batch.reqs), plan.length, batch.seq_lens  # x_t not counted
         self.observer.record_fallbacks(bs, block, plan.capped_host)
         self.context.before_round(tuple(r.rid for r in batch.reqs), speculative=block > 1)
-        chain, positions, slots = self.open_chain(batch, plan, prefix_lens)
-        rows = u = None
-        if plan.sampled:  # each request's sampling transform and this round's coins
-            rows = SamplingRows.from_sampling_info(batch.sampling_info, plan.seeds)
-            u = RoundUniforms.for_round(rows.seed, prefix_lens, block)
-        proposal = self.propose(batch, plan, chain, positions, slots, rows, u)  # 1-2
-        chain, positions = chain[:, :block].contiguous(), positions[:, :block].reshape(-1)
-        slots = slots[:, :block].reshape(-1)
+        at = self.open_chain(batch, plan, prefix_lens)
+        proposal = Proposal()
+        for proposer in self.proposers:  # 1-2: the drafter, then prompt lookup over its rows
+            proposal = proposer.propose(batch, plan, at, proposal)
+        chain, positions = at.chain[:, :block].contiguous(), at.positions[:, :block].reshape(-1)
+        slots = at.slots[:, :block].reshape(-1)
         clock.mark()  # drafted
         logits_output, hidden, logits = self.verify(batch, plan, chain, positions, slots,
                                                     grammar_barrier)  # 3
-        verdict = self.accept(plan, chain, logits, proposal, rows, u)  # 4
+        verdict = self.accept(plan, chain, logits, proposal, at.rows, at.u)  # 4
         clock.mark()  # verified
         new_seq_lens = self.commit(batch, plan, prefix_lens, verdict, logits_output, hidden,
                                    positions, slots, on_publish)  # 5
@@ -470,31 +442,21 @@ class DominoWorker(BaseSpecWorker):
         )
 
     # ---- the stages of the round ----
-    def open_chain(self, batch, plan: RoundPlan, prefix_lens: torch.Tensor
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def open_chain(self, batch, plan: RoundPlan, prefix_lens: torch.Tensor) -> DraftSlots:
         """The round's chain [bs, B] = [x_t, MASK x (B-1)], its positions [bs, B] and KV slots
-        [bs, B] ([bs, 1] in a plain round: x_t's only)."""
+        [bs, B] ([bs, 1] in a plain round: x_t's only); in a sampled round each request's
+        sampling transform and the round's coins."""
         bs = len(batch.reqs)
         chain = torch.full((bs, self.block_size), self.conf.mask_token_id, dtype=torch.int64,
                            device=self.device)
         chain[:, 0] = batch.spec_info.bonus_tokens
         positions = prefix_lens[:, None] + self._block_offsets  # [bs, B]
         slots = self.block_slots(batch, prefix_lens, self.block_size if plan.length > 1 else 1)
-        return chain, positions, slots.view(bs, -1)
-
-    def propose(self, batch, plan: RoundPlan, chain, positions, slots, rows, u) -> Proposal:
-        """1-2. Fill chain[:, 1:L]: the drafter's rows by its draft pass (`draft`, when the plan
-        has one), then the copied rows' prompt-lookup drafts over them: [x_t, copy, MASK..].
-        A sampled round's copied rows are proposed with q = one-hot (verify.one_hot_proposal)."""
-        proposal = (self.draft(batch, chain, positions, slots, plan.length, rows, u)
-                    if plan.draft_pass else Proposal())
-        if plan.copies is not None:
-            chain[:, 1:] = torch.where(plan.copied[:, None], plan.copies.drafts, chain[:, 1:])
-            if plan.sampled:
-                q = one_hot_proposal(chain[:, 1:plan.length], plan.copied, proposal.drafts,
-                                     self.head.vocab_size)
-                proposal = dataclasses.replace(proposal, drafts=q)
-        return proposal
+        if not plan.sampled:
+            return DraftSlots(chain, positions, slots.view(bs, -1))
+        rows = SamplingRows.from_sampling_info(batch.sampling_info, plan.seeds)
+        u = RoundUniforms.for_round(rows.seed, prefix_lens, plan.length)
+        return DraftSlots(chain, positions, slots.view(bs, -1), rows, u)
 
     def verify(self, batch, plan: RoundPlan, chain, positions, slots, grammar_barrier):
         """3. The target's forward over the chain [bs, L]: (its output, the drafter's target-layer
@@ -505,9 +467,9 @@ class DominoWorker(BaseSpecWorker):
             logits_output, hidden = self.decode_forward(batch, chain, slots)
         else:  # at a captured width (the planner's), through its runtime where one was captured
             runtime = self.verify_runtimes.get(plan.length)
-            shaped = self.rollout_graphs is not None  # the GPU shape: widths are captured ones
-            if shaped and (plan.length not in self.planner.widths or (
-                    self.graph_bs and runtime is None and plan.length < self.block_size)):
+            # the GPU shape: widths are captured ones
+            if self.gpu_shaped and (plan.length not in self.planner.widths or (
+                    self.drafter.graph_bs and runtime is None and plan.length < self.block_size)):
                 self.metrics.record_eager("verify_width")
             with bound_runtime(self.model_runner, runtime):
                 logits_output, hidden = self.verify_forward(batch, chain, positions, slots)
@@ -519,7 +481,7 @@ class DominoWorker(BaseSpecWorker):
         (verify.py). One-token rows then commit their first token only."""
         target_choice = None
         if plan.sampled:
-            q = (proposal.drafts if plan.length > 1
+            q = (proposal.q if plan.length > 1
                  else logits.new_zeros(logits.shape[0], 0, logits.shape[-1]))
             tokens, accept_lens = verify_mixed(chain, logits, q, rows, u)
         else:
@@ -548,95 +510,6 @@ class DominoWorker(BaseSpecWorker):
             self.write_draft_context(hidden, positions, slots)
         logits_output.hidden_states = None
         return new_seq_lens
-
-    def draft(self, batch, chain, positions, slots, block: int, rows, u) -> Proposal:
-        """The drafter's proposal: fill chain[:, 1:L] (L = block >= 2) with one backbone pass
-        over the block, then the head rolling out L-1 tokens, greedily or (rows given) sampled
-        from q; a pointer drafter mixes in its copy path (pointer_copy). Proposal.drafts: q
-        [bs, L-1, V] (sampled) or the backbone's argmax picks [bs, L-1] (greedy, metrics).
-        The pass drafts the whole [bs, B] block, or with `short_draft` (a drafter trained on
-        short blocks) only the L tokens verified: [x_t, MASK x (L-1)], a cheaper pass. The
-        rollout replays its CUDA graphs where it has them (static_rollout)."""
-        width = block if self.short_draft else self.block_size  # W, the tokens drafted
-        bonus = chain[:, 0]
-        # a device copy index's history first: its host-to-device copy is queued before the
-        # draft pass, so the host does not wait for the pass to launch the rest
-        history = (self.copy_history(batch, bonus)
-                   if self.copy_gate is not None and self.device_histories is not None else None)
-        z = self.draft_block(batch, chain[:, :width], positions[:, :width].reshape(-1),
-                             slots[:, :width].reshape(-1))  # [bs, W, H]
-        z = z[:, :block]  # [bs, L, H]: the head at position i reads z_i only
-        if self.rollout_graphs is not None:
-            proposal = self.static_rollout(batch, z, chain, block, rows, u, history)
-            if proposal is not None:
-                return proposal
-        copy = (self.pointer_copy(batch, bonus, block - 1, history)
-                if self.copy_gate is not None else None)
-        if rows is not None:
-            chain[:, 1:block], q = sampled_rollout(
-                z, bonus, self.head, rows, u.draft, self.candidate_pool,
-                use_head=self.use_head, logit_bias=batch.sampling_info.logit_bias,
-                temperature_scale=self.draft_temperature_scale, copy=copy)
-            return Proposal(q, None, copy is not None)
-        chain[:, 1:block], base_pick = greedy_rollout(
-            z, bonus, self.head, self.candidate_pool, use_head=self.use_head,
-            return_base_pick=True, copy=copy)
-        return Proposal(base_pick, None if copy is None else copy.copied(), copy is not None)
-
-    def static_rollout(self, batch, z, chain, block: int, rows, u, copy_history
-                       ) -> Proposal | None:
-        """The head rollout through graphs.RolloutGraphs (a runner built at start-up replayed,
-        or a later one run eagerly over the same static buffers: counted as `not_captured`), or
-        None when the round does not fit them (the reason counted in
-        domino_eager_rounds_total). `copy_history`: (history, lens) of a device copy index."""
-        bonus, pointer = chain[:, 0], self.copy_gate is not None
-        graphs, bs, bias = self.rollout_graphs, len(batch.reqs), batch.sampling_info.logit_bias
-        history, lens = copy_history if copy_history is not None else (None, None)
-        reason = ("host_copy_index" if pointer and copy_history is None else graphs.eager_reason(
-            bs, rows is not None, None if history is None else history.shape[1]))
-        if reason is not None:
-            self.metrics.record_eager(reason)
-            return None
-        _key, replayed = graphs.round_shape(bs, block, history, rows, bias is not None)
-        if not replayed:
-            self.metrics.record_eager("not_captured")
-        if rows is not None:
-            chain[:, 1:block], q = graphs.sampled(z, bonus, rows, u.draft, bias, history, lens)
-            return Proposal(q, None, pointer)
-        chain[:, 1:block], base_pick, copied = graphs.greedy(z, bonus, history, lens)
-        return Proposal(base_pick, copied, pointer)
-
-    def copy_history(self, batch, bonus: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A pointer drafter's device copy index for this round: every request's prompt +
-        output, x_t last (history [bs, T], lens [bs]; DeviceHistories, one host-to-device copy,
-        no synchronisation). A request whose recorded output does not end in x_t (it would:
-        rounds run synchronously) copies from x_t and its chain only, as CopyIndex does."""
-        history, lens = self.device_histories.update(batch.reqs)  # [bs, T], [bs]
-        last = history.gather(1, (lens - 1).clamp(min=0)[:, None]).squeeze(1)
-        ok = (lens > 0) & (last == bonus)  # else: [x_t] alone
-        history = history.clone()
-        history[:, 0] = torch.where(ok, history[:, 0], bonus.to(history.dtype))
-        return history, torch.where(ok, lens, torch.ones_like(lens))
-
-    def pointer_copy(self, batch, bonus: torch.Tensor, n: int, copy_history=None
-                     ) -> PointerCopy:
-        """A pointer drafter's copy path for this round (pointer.py) over n positions: each
-        request's copy index brought up to its prompt + output (x_t last; only the new tokens
-        are indexed), the indexes of requests that left the batch dropped. On the device
-        (copy_index_on_device): copy_history and DevicePointerCopy, no synchronisation; on the
-        host: CopyIndex, a read of x_t and host lookups per position. `copy_history`: the
-        round's copy_history when the caller already took it."""
-        if self.device_histories is not None:
-            history = copy_history or self.copy_history(batch, bonus)
-            return DevicePointerCopy(self.copy_gate, *history, n)
-        indexes = []
-        for req, x_t in zip(batch.reqs, bonus.tolist()):
-            history = req.origin_input_ids + req.output_ids
-            index = self.copy_indexes.get(req.rid) or CopyIndex()
-            index.sync(history if history and history[-1] == x_t else [x_t])
-            indexes.append(index)
-        self.copy_indexes = {r.rid: ix for r, ix in zip(batch.reqs, indexes)}
-        return PointerCopy(self.copy_gate, indexes, bonus.device)
 
     # ---- sampling-time logit processing (what SGLang's sampler applies for plain decoding) ----
     def target_logits(self, batch, logits_output, grammar, grammar_barrier) -> torch.Tensor:
@@ -724,34 +597,6 @@ class DominoWorker(BaseSpecWorker):
             start_offset=prefix_lens, end_offset=prefix_lens + width,
             batch_size=len(prefix_lens), draft_token_num=width, device=self.device,
         )
-
-    def draft_block(self, batch, chain, positions, slots) -> torch.Tensor:
-        """One backbone forward over every request's block, non-causal inside the block."""
-        bs, block = chain.shape
-        seq_lens_cpu = (batch.seq_lens_cpu if batch.seq_lens_cpu is not None
-                        else batch.seq_lens.cpu())
-        fb = ForwardBatch(
-            forward_mode=ForwardMode.TARGET_VERIFY,
-            batch_size=bs,
-            input_ids=chain.reshape(-1),
-            req_pool_indices=batch.req_pool_indices,
-            seq_lens=batch.seq_lens,
-            out_cache_loc=slots,
-            seq_lens_sum=int(seq_lens_cpu.sum()) + bs * block,
-            seq_lens_cpu=seq_lens_cpu + block,
-            positions=positions,
-            input_embeds=self.embed(chain.reshape(-1)),
-            spec_algorithm=self.model_runner.spec_algorithm,
-            spec_info=make_draft_block_spec_info(draft_token_num=block, device=self.device),
-            capture_hidden_mode=CaptureHiddenMode.NULL,
-            global_num_token_non_padded_cpu=bs * block,
-        )
-        with torch.inference_mode(), bound_runtime(self.draft_model_runner,
-                                                   self.draft_runtimes.get(block)):
-            out = self.draft_model_runner.forward(fb)
-        if self.graph_bs and not out.can_run_graph:  # e.g. a short draft, a batch over the sizes
-            self.metrics.record_eager("draft_pass")
-        return out.logits_output.hidden_states.view(bs, block, -1)
 
     def verify_forward(self, batch, chain, positions, slots):
         """Target TARGET_VERIFY forward over [x_t, d_1..d_{B-1}]: logits of every position and

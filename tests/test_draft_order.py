@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from domino_sglang.worker import DominoWorker
+from domino_sglang.drafter import DominoDrafter
+from domino_sglang.proposer import DraftSlots, Proposal
 
 B, H, BS = 4, 8, 2
 
@@ -21,12 +22,11 @@ class Stop(Exception):
 @pytest.mark.parametrize("static", [False, True])
 def test_the_copy_history_is_sent_before_the_draft_pass(static):
     calls = []
-    worker = object.__new__(DominoWorker)  # the round's own code, SGLang's pieces stubbed
-    worker.short_draft, worker.block_size = False, B
-    worker.copy_gate, worker.device_histories = object(), object()
+    drafter = object.__new__(DominoDrafter)  # the drafter's own code, SGLang's pieces stubbed
+    drafter.short_draft, drafter.block_size = False, B
     history = (torch.zeros(BS, 3, dtype=torch.int64), torch.ones(BS, dtype=torch.int64))
 
-    def copy_history(batch, bonus):
+    def copy_history(reqs, bonus):
         calls.append("copy_history")
         return history
 
@@ -38,13 +38,14 @@ def test_the_copy_history_is_sent_before_the_draft_pass(static):
         calls.append("rollout")
         raise Stop
 
-    worker.copy_history, worker.draft_block = copy_history, draft_block
-    worker.rollout_graphs = object() if static else None
-    worker.static_rollout = rollout
-    worker.pointer_copy = rollout
+    drafter.copy = SimpleNamespace(on_device=True, history=copy_history, for_round=rollout)
+    drafter.draft_block = draft_block
+    drafter.rollout_graphs = object() if static else None
+    drafter.static_rollout = rollout
     chain = torch.zeros(BS, B, dtype=torch.int64)
     positions = torch.arange(B).repeat(BS, 1)
+    plan = SimpleNamespace(draft_pass=True, length=B)
     with pytest.raises(Stop):
-        worker.draft(SimpleNamespace(reqs=[None] * BS), chain, positions, positions, B, None,
-                     None)
+        drafter.propose(SimpleNamespace(reqs=[None] * BS), plan,
+                        DraftSlots(chain, positions, positions), Proposal())
     assert calls == ["copy_history", "draft_block", "rollout"]

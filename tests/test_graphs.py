@@ -13,8 +13,8 @@ import torch
 
 from domino_sglang.graphs import BUCKETS, RolloutGraphs, bucket_for
 from domino_sglang.pointer import DevicePointerCopy
-from domino_sglang.rollout import greedy_rollout
-from domino_sglang.sampling import RoundUniforms, SamplingRows, sampled_rollout
+from domino_sglang.rollout import greedy_rollout, sampled_rollout
+from domino_sglang.sampling import RoundUniforms, SamplingRows
 from tests.test_pointer import _gate
 from tests.test_rollout import B, H, V, make_head
 

@@ -296,8 +296,8 @@ def test_pointer_sampled_draft_is_drawn_from_its_q():
     """pointer_sample: d ~ q exactly (20,000 rows of one request: the empirical distribution
     of the first draft is q's, the copy candidate outside the draft vocabulary included), q
     sums to 1, and greedy rows draft what greedy_rollout does."""
-    from domino_sglang.rollout import greedy_rollout
-    from domino_sglang.sampling import RoundUniforms, sampled_rollout
+    from domino_sglang.rollout import greedy_rollout, sampled_rollout
+    from domino_sglang.sampling import RoundUniforms
     from tests.test_rollout import B, V, make_head
     from tests.test_sampling import make_rows
 
@@ -375,8 +375,8 @@ def test_device_candidates_are_copy_table_at_every_position():
 def test_device_pointer_copy_drafts_as_the_host_index(pool, use_head):
     """Greedy and sampled rollouts with DevicePointerCopy equal those with the host CopyIndex
     (same drafts, same q, same copied positions)."""
-    from domino_sglang.rollout import greedy_rollout
-    from domino_sglang.sampling import RoundUniforms, sampled_rollout
+    from domino_sglang.rollout import greedy_rollout, sampled_rollout
+    from domino_sglang.sampling import RoundUniforms
     from tests.test_rollout import B, H, make_head
     from tests.test_sampling import make_rows
 

@@ -25,7 +25,7 @@ def test_no_dates_issue_or_stage_numbers_in_the_package(tmp_path):
 
 
 NEUTRAL = ("rollout", "sampling", "verify", "pointer", "graphs", "planner", "policy", "costs",
-           "lookup", "observer", "context", "kernels")
+           "lookup", "observer", "context", "kernels", "proposer", "drafter")
 
 
 def test_the_device_neutral_round_imports_no_device_runtime():

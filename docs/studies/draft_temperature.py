@@ -9,7 +9,7 @@ x_{a+1}, ..); for draft position k the acceptance probability of a draft drawn f
 overlap sum_v min(p_k(v), q_k(v)) (Leviathan et al. 2023), p_k = softmax(target logits / T) and
 q_k = softmax(drafter logits / (T * s)) over the draft vocabulary (s = 0: the argmax, one-hot).
 Temperature only (no top-k / top-p), what the throughput sweep sends. A pointer-generator drafter
-(pointer.py) is measured as it samples (sampling.pointer_sample): q_k = (1 - g_k) q_k + g_k
+(pointer.py) is measured as it samples (rollout.pointer_sample): q_k = (1 - g_k) q_k + g_k
 onehot(c_k), c_k the copy candidate of the teacher-forced history x_0..x_{a+k}, which may lie
 outside the draft vocabulary (then min(p_k(c_k), g_k) is added); at s = 0 the greedy pick.
 
