@@ -9,8 +9,8 @@ whether the drafter runs. The worker's round only carries the plan out (worker.p
      depend on L: coins vs. plain draws, sampling.py);
   2. a batch whose every request commits one token per round (penalties, ...: `one_token_flags`)
      decodes plainly (L = 1) under the adaptive policy: speculation only costs it;
-  3. otherwise the draft-length strategy chosen at construction: the adaptive policy
-     (policy.py), or a fixed pattern cycled by committed length (`CycledLength`, tests);
+  3. otherwise the policy's L (policy.py: adaptive, the full block, or a pinned pattern cycled
+     by the first request's committed length, tests);
   4. prompt lookup (lookup.py) is asked for copies when L > 1, or when a plain round's requests
      could all copy instead (`plain_round_may_copy`); a round whose every uncapped request has a
      copy runs no draft pass and the policy sizes it for copies (policy.lookup_len), unless that
@@ -26,7 +26,6 @@ one SGLang helper, through sglang_compat.py.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -77,52 +76,15 @@ class RoundPlan:
         return None if self.copies is None else self.copies.found
 
 
-class PolicyLength:
-    """The draft-length strategy of a serving worker: the adaptive policy's choice (or the
-    length DOMINO_DRAFT_LEN pins)."""
-
-    def __init__(self, policy):
-        self.policy = policy
-
-    def __call__(self, batch) -> int:
-        return self.policy.draft_len(len(batch.reqs))
-
-
-class CycledLength:
-    """A test pattern (DOMINO_DRAFT_LEN=L0,L1,..): L = pattern[n mod len] for n the committed
-    length of the batch's first request, a deterministic mix of plain and speculative rounds
-    that a one-request-at-a-time test can replay (policy.py)."""
-
-    def __init__(self, pattern: tuple[int, ...]):
-        self.pattern = pattern
-
-    def __call__(self, batch) -> int:
-        if batch.seq_lens_cpu is not None:  # SGLang's host copy: no synchronisation
-            committed = int(batch.seq_lens_cpu[0])
-        else:  # committed = prompt + output without x_t (not yet in the KV cache)
-            req = batch.reqs[0]
-            committed = len(req.origin_input_ids) + len(req.output_ids) - 1
-        return self.pattern[committed % len(self.pattern)]
-
-
-def draft_length_strategy(policy) -> Callable:
-    """The strategy for `policy`: its pinned pattern when it cycles one, else the policy."""
-    if policy.pinned is not None and len(policy.pinned) > 1:
-        return CycledLength(policy.pinned)
-    return PolicyLength(policy)
-
-
 class RoundPlanner:
     """Decides each round's RoundPlan (module docstring). `lookup`: the prompt-lookup proposer
-    (None: DOMINO_LOOKUP=0); `draft_len`: the draft-length strategy (draft_length_strategy)."""
+    (None: --speculative-domino-lookup off)."""
 
-    def __init__(self, policy, block_size: int, device, lookup: PromptLookup | None,
-                 draft_len: Callable | None = None):
+    def __init__(self, policy, block_size: int, device, lookup: PromptLookup | None):
         self.policy = policy
         self.block_size = block_size
         self.device = device
         self.lookup = lookup
-        self.draft_len = draft_len or draft_length_strategy(policy)
         # the widths a round may verify (graphs.verify_widths where the verify replays captured
         # graphs): L is rounded up to one, with that many real drafts (padding would be verified
         # at the same cost and could never be accepted)
@@ -145,7 +107,7 @@ class RoundPlanner:
         elif self.policy.enabled and all_capped:
             length = 1
         else:
-            length = self.draft_len(batch)
+            length = self.policy.draft_len(bs, committed(batch) if self.policy.cycles else 0)
         # 4: copies instead of drafts where the rows have them
         looked_up = self.lookup is not None and not all_capped and (
             length > 1 or (self.policy.may_copy_instead()
@@ -220,3 +182,13 @@ def _has_penalty(params) -> bool:
     """A request whose logits depend on its own output so far (SGLang's penalizers)."""
     return (params.frequency_penalty != 0 or params.presence_penalty != 0
             or params.repetition_penalty != 1 or params.min_new_tokens > 0)
+
+
+def committed(batch) -> int:
+    """The first request's committed length (what a pinned pattern cycles by): SGLang's host
+    copy of the lengths (no synchronisation), else prompt + output without x_t (not yet in the
+    KV cache)."""
+    if batch.seq_lens_cpu is not None:
+        return int(batch.seq_lens_cpu[0])
+    req = batch.reqs[0]
+    return len(req.origin_input_ids) + len(req.output_ids) - 1

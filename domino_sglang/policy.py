@@ -78,11 +78,6 @@ def cost_model(device: str, dtype: str, override: tuple[float, float, float] | N
     return "neutral (learned online)", NEUTRAL
 
 
-def round_cost(bs: int, draft_len: int, cost: CostModel = DEFAULT_COST) -> float:
-    """Cost of a round verifying `draft_len` tokens per request, in plain decode steps."""
-    return cost(bs, draft_len)
-
-
 def expected_tokens(alpha: float, draft_len: int) -> float:
     """E[committed tokens] of a round verifying draft_len tokens (bonus included)."""
     return float(sum(alpha**k for k in range(draft_len)))

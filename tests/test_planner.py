@@ -11,7 +11,7 @@ import torch
 
 from domino_sglang.lookup import PromptLookup
 from domino_sglang.options import resolve
-from domino_sglang.planner import CycledLength, PolicyLength, RoundPlanner, draft_length_strategy
+from domino_sglang.planner import RoundPlanner
 from domino_sglang.policy import SpeculationPolicy
 
 B, MASK = 6, 99
@@ -23,6 +23,7 @@ class StubPolicy:
     def __init__(self, length=4, copy_len=5, enabled=True, pinned=None, may_copy=True):
         self.length, self.copy_len, self.enabled = length, copy_len, enabled
         self.pinned, self.may_copy = pinned, may_copy
+        self.cycles = pinned is not None and len(pinned) > 1
         self.asked: list[tuple] = []
 
     def draft_len(self, bs, committed=0):
@@ -129,18 +130,17 @@ def pinned_policy(draft_len: str) -> SpeculationPolicy:
     return SpeculationPolicy.from_config(resolve(drafter, B, {"draft_len": draft_len}))
 
 
-def test_cycled_pattern_is_a_strategy_chosen_at_construction():
-    strategy = draft_length_strategy(pinned_policy("6,1"))
-    assert isinstance(strategy, CycledLength)
-    b = batch(req(NEW))  # committed 4 (the host copy of the lengths): pattern[0]
-    assert strategy(b) == 6
+def test_a_pinned_pattern_cycles_by_the_first_requests_committed_length():
+    """The policy cycles the pattern (policy.draft_len); the planner hands it the committed
+    length, from SGLang's host copy of the lengths or else from the request."""
+    plan = RoundPlanner(pinned_policy("6,1,2"), B, "cpu", None).plan
+    b = batch(req(NEW))  # committed 4 (the host copy of the lengths): pattern[4 % 3] = 1
+    assert plan(b).length == 1
     b.seq_lens_cpu = None  # from the request: prompt + output without x_t = 4
-    assert strategy(b) == 6
-    b.reqs[0].output_ids.append(3)
-    assert strategy(b) == 1
-    assert isinstance(draft_length_strategy(pinned_policy("3")), PolicyLength)
-    plan = RoundPlanner(StubPolicy(length=4), B, "cpu", None, draft_len=CycledLength((2, 5)))
-    assert plan.plan(batch(req(NEW))).length == 2
+    assert plan(b).length == 1
+    b.reqs[0].output_ids.append(3)  # committed 5: pattern[2]
+    assert plan(b).length == 2
+    assert RoundPlanner(pinned_policy("3"), B, "cpu", None).plan(b).length == 3
 
 
 def test_the_plan_is_frozen():

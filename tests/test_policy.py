@@ -11,6 +11,7 @@ from domino_sglang.policy import (
     AGE_FLOOR,
     BACKOFF,
     COSTS,
+    DEFAULT_COST,
     MAX_LOSSES,
     NEUTRAL,
     PLAIN_DECAY,
@@ -23,7 +24,6 @@ from domino_sglang.policy import (
     cost_model,
     expected_tokens,
     probe_interval,
-    round_cost,
 )
 
 B = 16
@@ -33,12 +33,12 @@ DRAFTER = SimpleNamespace(candidate_pool=0, short_draft=False, draft_temperature
 def test_cost_model_matches_the_measurements():
     # benchmarks/results/round_cost.md: L = 2 ~1.4 steps at any bs; L = 16 ~2.2 / 4.1 / 5.2
     # steps at bs 1 / 16 / 32 (the sweep's fixed-block rounds)
-    assert round_cost(1, 2) == pytest.approx(1.4, abs=0.05)
-    assert round_cost(32, 2) == pytest.approx(1.6, abs=0.05)
-    assert round_cost(1, 16) == pytest.approx(2.2, abs=0.05)
-    assert round_cost(16, 16) == pytest.approx(3.7, abs=0.1)
-    assert round_cost(32, 16) == pytest.approx(5.2, abs=0.1)
-    assert round_cost(32, 1) == 1.0
+    assert DEFAULT_COST(1, 2) == pytest.approx(1.4, abs=0.05)
+    assert DEFAULT_COST(32, 2) == pytest.approx(1.6, abs=0.05)
+    assert DEFAULT_COST(1, 16) == pytest.approx(2.2, abs=0.05)
+    assert DEFAULT_COST(16, 16) == pytest.approx(3.7, abs=0.1)
+    assert DEFAULT_COST(32, 16) == pytest.approx(5.2, abs=0.1)
+    assert DEFAULT_COST(32, 1) == 1.0
 
 
 def test_cost_prior_is_the_same_on_every_device():
@@ -91,7 +91,7 @@ def test_decisions(bs, alpha, expected):
 
 def rate(bs: int, alpha: float, cost: CostModel = COSTS["cpu-bf16"]) -> float:
     draft_len = choose_draft_len(bs, alpha, B, cost=cost)
-    return expected_tokens(alpha, draft_len) / round_cost(bs, draft_len, cost)
+    return expected_tokens(alpha, draft_len) / cost(bs, draft_len)
 
 
 @pytest.mark.parametrize("profile", sorted(COSTS))
@@ -116,7 +116,7 @@ def test_probes_are_cheap_and_only_where_they_can_pay():
     for bs in (1, 4, 16, 32):
         interval = probe_interval(bs, B)
         # one probe round per `interval` plain rounds costs at most 2% extra
-        assert (round_cost(bs, PROBE_LEN) - 1) / interval <= 0.02
+        assert (DEFAULT_COST(bs, PROBE_LEN) - 1) / interval <= 0.02
     assert probe_interval(1, B) == 21
     assert probe_interval(10_000, B) is None  # not even a perfect drafter would pay
     for bs in (1, 4, 16, 32):
@@ -124,7 +124,7 @@ def test_probes_are_cheap_and_only_where_they_can_pay():
             interval = probe_interval(bs, B, alpha=alpha)
             assert interval <= probe_interval(bs, B)  # never rarer than by the overhead alone
             # what a probe loses beyond the tokens it commits: at most 2% of plain time
-            loss = round_cost(bs, PROBE_LEN) - expected_tokens(alpha, PROBE_LEN)
+            loss = DEFAULT_COST(bs, PROBE_LEN) - expected_tokens(alpha, PROBE_LEN)
             assert loss / interval <= 0.02
     # near break-even (bs 4: alpha ~0.43 on the shipped profile) a probe is nearly free: often
     assert probe_interval(4, B, alpha=0.4) <= 6 < probe_interval(4, B) == 22
