@@ -132,11 +132,11 @@ class PromptLookup:
         their q one-hot on them (one_hot_proposal), the drafter's rows keeping theirs."""
         if plan.copies is None:
             return proposal
-        chain = at.chain
-        chain[:, 1:] = torch.where(plan.copied[:, None], plan.copies.drafts, chain[:, 1:])
+        chain, copies = at.chain, plan.copies
+        chain[:, 1:] = torch.where(copies.found[:, None], copies.drafts, chain[:, 1:])
         if not plan.sampled:
             return proposal
-        q = one_hot_proposal(chain[:, 1:plan.length], plan.copied, proposal.q, self.vocab_size)
+        q = one_hot_proposal(chain[:, 1:plan.length], copies.found, proposal.q, self.vocab_size)
         return replace(proposal, q=q)
 
     def find(self, batch, bonus: torch.Tensor, capped: list[bool] | None) -> LookupDrafts | None:

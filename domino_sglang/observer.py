@@ -25,7 +25,7 @@ from domino_sglang.metrics import RoundClock, draft_outcomes, head_change_outcom
 if TYPE_CHECKING:
     from domino_sglang.planner import RoundPlan
     from domino_sglang.proposer import Proposal
-    from domino_sglang.worker import Verdict
+    from domino_sglang.verify import Verdict
 
 logger = logging.getLogger("domino_sglang.worker")  # the round log lines keep their logger
 

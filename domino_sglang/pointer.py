@@ -317,12 +317,9 @@ class CopyPaths:
 
     def __init__(self, gate: torch.nn.Linear, device: torch.device | str, on_device: bool):
         self.gate, self.device = gate, torch.device(device)
+        self.on_device = on_device
         self.histories = DeviceHistories(device) if on_device else None
         self.indexes: dict[str, CopyIndex] = {}  # request id -> its host index
-
-    @property
-    def on_device(self) -> bool:
-        return self.histories is not None
 
     def history(self, reqs, bonus: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The device index's round input: every request's prompt + output, x_t last (history

@@ -26,10 +26,25 @@ top-p / grammar: p = 0) are always rejected and never recovered.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from domino_sglang.kernels import argmax
 from domino_sglang.sampling import RoundUniforms, SamplingRows, process_logits, sample_from
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The verifier's outcome: tokens [bs, L] (committed prefix of each row: its first
+    accept_lens), accept_lens [bs] (a + 1, one-token rows capped at 1), judged [bs] (a + 1
+    before capping: what the policy learns from), target_choice [bs, L] (greedy: the target's
+    argmax; None sampled)."""
+
+    tokens: torch.Tensor
+    accept_lens: torch.Tensor
+    judged: torch.Tensor
+    target_choice: torch.Tensor | None
 
 
 def verify_greedy(chain: torch.Tensor, target_choice: torch.Tensor

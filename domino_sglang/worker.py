@@ -17,7 +17,6 @@ them and is checked against the installed SGLang by tests/test_sglang_compat.py.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 
@@ -78,7 +77,7 @@ from domino_sglang.sglang_compat import (
     sanitize_nan_logits,
     verify_graph_runtime,
 )
-from domino_sglang.verify import verify_greedy, verify_mixed
+from domino_sglang.verify import Verdict, verify_greedy, verify_mixed
 from domino_sglang.vocab import load_draft_vocab, load_draft_vocab_file
 
 logger = logging.getLogger(__name__)
@@ -87,19 +86,6 @@ logger = logging.getLogger(__name__)
 RUNTIME_MIN_FREE = 1 << 30
 # SGLang's sampler reads this once at import (sampler.py): logprobs before temperature
 _RETURN_ORIGINAL_LOGPROB = get_bool_env_var("SGLANG_RETURN_ORIGINAL_LOGPROB")
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """The verifier's outcome: tokens [bs, L] (committed prefix of each row: its first
-    accept_lens), accept_lens [bs] (a + 1, one-token rows capped at 1), judged [bs] (a + 1
-    before capping: what the policy learns from), target_choice [bs, L] (greedy: the target's
-    argmax; None sampled)."""
-
-    tokens: torch.Tensor
-    accept_lens: torch.Tensor
-    judged: torch.Tensor
-    target_choice: torch.Tensor | None
 
 
 class DominoWorker(BaseSpecWorker):

@@ -18,15 +18,16 @@ SKIP = int(os.environ.get("DOMINO_WALK_SKIP", "3"))  # warm-up rounds not record
 
 
 def _module_of(filename: str, root: str) -> str | None:
+    """domino_sglang.x.y of a file under the package folder `root`, else None."""
     if not filename.startswith(root):
         return None
-    return filename[len(root):].removesuffix(".py").replace(os.sep, ".")
+    return "domino_sglang." + filename[len(root):].removesuffix(".py").replace(os.sep, ".")
 
 
 def _wrap(worker_module) -> None:
     cls = worker_module.DominoWorker
     inner = cls.decode_round
-    root = os.path.dirname(os.path.dirname(worker_module.__file__)) + os.sep
+    root = os.path.dirname(worker_module.__file__) + os.sep
     seen = {"rounds": 0}
 
     def decode_round(self, batch, *args, **kwargs):
