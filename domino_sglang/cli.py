@@ -182,12 +182,11 @@ def cmd_draft_vocab(args: argparse.Namespace) -> int:
 
 
 def cmd_regenerate(args: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer
-
     from domino_sglang.target import TargetError, prepare_target
     from domino_sglang.train.regenerate import (
         RegenConfig,
         append_records,
+        chat_tokenizer,
         dataset_answers,
         regenerate,
         sharegpt_items,
@@ -212,7 +211,11 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
         _fail(f"regenerate: {exc}")
     conf = RegenConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        concurrency=args.concurrency, max_prompt_tokens=args.max_prompt_tokens)
-    tokenizer = AutoTokenizer.from_pretrained(target)
+    thinking = None if args.thinking is None else args.thinking == "on"
+    try:
+        tokenizer = chat_tokenizer(target, args.chat_template, thinking)
+    except ValueError as exc:
+        _fail(f"regenerate: {exc}")
     if args.data is not None:  # the user's own conversations
         from domino_sglang.train.conversations import (
             ConversationError,
@@ -320,9 +323,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     for key in ("data", "out", "init"):
         if getattr(args, key) is not None:
             overrides[key] = str(getattr(args, key))
-    for key in ("steps", "device", "report_to", "strategy"):
+    for key in ("steps", "device", "report_to", "strategy", "features"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
+    if args.max_length is not None:
+        overrides["max_seq_len"] = args.max_length
+    if args.chat_template is not None:
+        overrides["chat_template"] = str(args.chat_template)
     try:
         phases, root = load_recipe(args.config, overrides, defaults)
         if args.plan:  # what would run, nothing trained (the data need not exist yet)
@@ -492,6 +499,12 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     r.add_argument("--concurrency", type=int, default=32)
     r.add_argument("--max-prompt-tokens", type=int, default=512)
+    r.add_argument("--chat-template", type=Path, default=None,
+                   help="a Jinja chat template file to format the prompts with, as the server "
+                        "you will serve with uses (default: the target's own)")
+    r.add_argument("--thinking", choices=("on", "off"), default=None,
+                   help="targets with a thinking switch (Qwen3's enable_thinking): answer with "
+                        "reasoning (on) or directly (off); default: the template's default")
     r.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
 
     ds = sub.add_parser("data-snapshot",
@@ -533,8 +546,18 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--strategy", choices=("ddp", "fsdp"), default=None,
                    help="under torchrun: ddp (default; a replica per process) or fsdp (FSDP2: "
                         "the target and the drafter sharded, for targets one device cannot hold)")
+    t.add_argument("--max-length", type=int, default=None,
+                   help="tokens of a record kept, prompt + answer (config max_seq_len)")
+    t.add_argument("--chat-template", type=Path, default=None,
+                   help="conversations data: a Jinja chat template file to tokenise them with "
+                        "(default: the target's own)")
+    t.add_argument("--features", choices=("cache", "online"), default=None,
+                   help="cache (default): the target's features written once per record under "
+                        "OUT/features (safetensors; a run that would not fit the disk refuses "
+                        "to start); online: computed in every step, nothing written")
     t.add_argument("--plan", action="store_true",
-                   help="print the recipe's phases (settings, init, progress) and exit")
+                   help="print the recipe's phases (settings, init, progress, the records, "
+                        "tokens and feature cache size against the free disk) and exit")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
 
     s = sub.add_parser(

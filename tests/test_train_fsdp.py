@@ -80,9 +80,9 @@ def test_torchrun_fsdp_two_cpu_processes_train_the_single_process_drafter(tmp_pa
 def test_strategy_is_validated(tmp_path):
     with pytest.raises(TrainConfigError, match="'strategy' must be ddp or fsdp"):
         load_train_config(None, {"data": "d", "out": "o", "strategy": "zero3"})
-    with pytest.raises(TrainConfigError, match="needs 'feature_cache'"):
+    with pytest.raises(TrainConfigError, match="needs features = cache"):
         load_train_config(None, {"data": "d", "out": "o", "strategy": "fsdp",
-                                 "feature_cache": False})
+                                 "features": "online"})
     from domino_sglang.cli import main
 
     with pytest.raises(SystemExit):  # argparse: the choices

@@ -38,7 +38,9 @@ from domino_sglang.train.trainer import (
     TrainConfig,
     TrainConfigError,
     _dist,
+    cache_bytes,
     config_from_dict,
+    feature_plan,
     resolve_device,
     train,
 )
@@ -136,7 +138,28 @@ def plan(phases: list[Phase], root: Path | None) -> str:
         lines.append(f"{i + 1:2d}. {p.name or '(single)'}: {c.steps} steps, lr {c.lr:g}, lambda "
                      f"decay {c.lambda_decay_frac:g}, seed {c.seed}; init {init}; data {data}"
                      f"{'; ' + ' '.join(extras) if extras else ''} [{status}]")
+        lines.append("    " + _features_line(c))
     return "\n".join(lines)
+
+
+def _features_line(conf: TrainConfig) -> str:
+    """The phase's target features: records, tokens, steps' records, and the cache's size on
+    disk against the free space (or online: nothing written)."""
+    sized = feature_plan(conf)
+    per_step = f"{conf.batch_size} records x {conf.anchors} blocks per step per process"
+    if sized is None:
+        return (f"features {conf.features}: {per_step}; sized when the run starts (data or "
+                f"target not there yet, or conversations to tokenise)")
+    head = f"{sized.records} records, {sized.tokens} tokens; {per_step}"
+    if conf.features == "online":
+        return f"features online: {head}; nothing written (a target forward per record per step)"
+    cache = Path(conf.out) / "features"
+    where = next(p for p in (cache, *cache.parents) if p.exists())
+    free = shutil.disk_usage(where).free
+    have = cache_bytes(cache)
+    return (f"features cache: {head}; cache {sized.bytes / 1e9:.3f} GB in {cache} "
+            f"({have / 1e9:.3f} GB there), {free / 1e9:.1f} GB free"
+            + ("" if sized.bytes - have <= free else " -- DOES NOT FIT: the run would refuse"))
 
 
 def _link_tree(src: Path, dst: Path) -> None:
@@ -160,7 +183,7 @@ def _prepare_phase(prev: Phase, phase: Phase) -> None:
                                    f"phase {prev.name!r}, which has none ({vocab})")
         shutil.copy2(vocab, out / VOCAB_FILE)
     src = Path(prev.conf.out) / "features"
-    if (phase.conf.feature_cache and src.is_dir() and not (out / "features").exists()
+    if (phase.conf.features == "cache" and src.is_dir() and not (out / "features").exists()
             and prev.conf.target == phase.conf.target
             and prev.conf.feature_dtype == phase.conf.feature_dtype):
         _link_tree(src, out / "features")

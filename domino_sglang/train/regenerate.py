@@ -9,7 +9,8 @@ request (data.chat_requests).
 `dataset_answers` instead keeps ShareGPT's OWN first answers (no server): off-policy text, for
 training with the target's distribution as the label (trainer `distill = 1`, `extra_data`).
 Prompts are tokenised with the target's chat template exactly as SGLang's OpenAI chat endpoint does
-(`apply_chat_template(add_generation_prompt=True)`; SmolLM2 has no thinking mode) and sent as
+(`apply_chat_template(add_generation_prompt=True)`; `--chat-template FILE` and, for targets
+with a thinking switch such as Qwen3, `--thinking on|off` choose the format: ChatFormat) and sent as
 `input_ids` to the native `/generate`, which returns the generated ids, so no re-tokenisation can
 drift from what the server produced.
 
@@ -54,6 +55,51 @@ TURN_ID_STRIDE = 100_000
 SOURCE_ID_BASE = {"python": 1_000_000, "math": 2_000_000, "chat": 3_000_000,
                   "sharegpt-answers": 4_000_000}
 PYTHON_ID_BASE = SOURCE_ID_BASE["python"]
+
+
+class ChatFormat:
+    """A tokenizer whose chat template is the one the user chose: `template` (a Jinja template
+    file, as SGLang's --chat-template takes; None: the target's own) and `thinking` (True /
+    False: the template's `enable_thinking`, Qwen3's switch between reasoning and direct
+    answers; None: the template's default). Everything else is the tokenizer's."""
+
+    def __init__(self, tokenizer, template: Path | None = None, thinking: bool | None = None):
+        self.tokenizer, self.thinking = tokenizer, thinking
+        self.template = template.read_text() if template is not None else None
+
+    def apply_chat_template(self, messages, **kwargs):
+        if self.template is not None:
+            kwargs["chat_template"] = self.template
+        if self.thinking is not None:
+            kwargs["enable_thinking"] = self.thinking
+        return self.tokenizer.apply_chat_template(messages, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.tokenizer, name)
+
+    def __call__(self, *args, **kwargs):
+        return self.tokenizer(*args, **kwargs)
+
+
+def chat_tokenizer(target: Path, template: Path | None = None,
+                   thinking: bool | None = None):
+    """The target's tokenizer with the chat format chosen (ChatFormat); the tokenizer itself
+    when neither is. A template file that is missing or not Jinja fails here, naming it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target))
+    if template is None and thinking is None:
+        return tokenizer
+    if template is not None and not template.is_file():
+        raise ValueError(f"--chat-template {template}: no such file")
+    chat = ChatFormat(tokenizer, template, thinking)
+    try:
+        chat.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
+                                 add_generation_prompt=True)
+    except Exception as exc:  # noqa: BLE001 (jinja's errors: say which file)
+        raise ValueError(f"--chat-template {template}: not a usable chat template "
+                         f"({type(exc).__name__}: {exc})") from exc
+    return chat
 
 
 def chat_prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:

@@ -1,7 +1,9 @@
 """`domino-sglang train`: the loop (config, data order, features, DDP, checkpoints, exact resume).
 
 One step, per process: `batch_size` regenerated sequences; for each, the target's features of the
-drafter's target layers (transformers, in the serving dtype; cached on disk per record), and
+drafter's target layers (transformers, in the serving dtype; `features`: cached on disk per
+record as safetensors, or computed in the step and never written: `cache_plan` sizes the cache
+before a run, which refuses to start when the disk cannot hold it), and
 `anchors` random block starts inside the response. Every block [x_a, MASK x (B-1)] is drafted in
 one backbone pass that sees the context features of positions < a (as in serving, where the
 verified token x_a is not yet in the draft cache) and the whole block (non-causal); the loss is
@@ -75,7 +77,9 @@ class TrainConfig:
     first_anchors: int = 0  # more blocks per sequence trained on their first draft only (the
     #                         backbone's position 0, which the head never corrects and which
     #                         bounds tau): a full backbone pass, one lm_head row each
-    max_seq_len: int = 768
+    max_seq_len: int = 768  # tokens of a record kept (prompt + answer; --max-length)
+    chat_template: str = ""  # conversations data: a Jinja chat template file to tokenise them
+    #                          with (default: the target's own), as the server will format
     max_id: int = -1  # use only records with id <= max_id (-1: all): a stage's data stays fixed
     #                   while the regenerated file grows (ids are ShareGPT positions)
     skip_ids: list = field(default_factory=list)  # [first, last]: also leave out the ids in
@@ -91,7 +95,10 @@ class TrainConfig:
     lambda_decay_frac: float = 0.5  # lambda 1 -> 0 over this fraction of the steps
     gamma: float = 7.0  # position weights exp(-k / gamma)
     feature_dtype: str = "bfloat16"  # the serving precision of the target
-    feature_cache: bool = True
+    features: str = "cache"  # cache: the target's features written once per record under
+    #                          out/features (safetensors) and read back every epoch; online:
+    #                          computed in each step, nothing written (no disk, a target forward
+    #                          per record per step)
     compute_dtype: str = "auto"  # "bfloat16": autocast the forward (fp32 master weights);
     #                              auto: bfloat16 on CUDA, float32 on the CPU
     device: str = "auto"  # auto (CUDA when present) | cpu | cuda
@@ -161,8 +168,11 @@ class TrainConfig:
             except ImportError as exc:
                 raise TrainConfigError(f"train: 'strategy' fsdp needs torch >= 2.6 (FSDP2 "
                                        f"fully_shard); this is torch {torch.__version__}") from exc
-        if self.strategy == "fsdp" and not self.feature_cache:
-            raise TrainConfigError("train: 'strategy' fsdp needs 'feature_cache' (the sharded "
+        if self.features not in ("cache", "online"):
+            raise TrainConfigError(f"train: 'features' must be cache or online, "
+                                   f"got {self.features!r}")
+        if self.strategy == "fsdp" and self.features != "cache":
+            raise TrainConfigError("train: 'strategy' fsdp needs features = cache (the sharded "
                                    "target's features are computed before the first step)")
         if self.report_to not in ("", "tensorboard"):
             raise TrainConfigError(f"train: 'report_to' must be '' or tensorboard, "
@@ -347,6 +357,80 @@ def sample_draft_lengths(n: int, block_size: int, short_frac: float,
 # caches (benchmarks/results/train_throughput.md), so it batches short records only.
 BATCH_TOKENS = {"cpu": 1024}
 BATCH_TOKENS_DEFAULT = 8192
+CACHE_SUFFIX = ".safetensors"
+# a safetensors file's 8-byte length and JSON header (one or two tensors: under 200 bytes)
+FILE_OVERHEAD = 200
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """What a run's feature cache holds: records, their tokens, and the bytes of the feature
+    and top-k files (at most FILE_OVERHEAD more per file than the tensors' bytes)."""
+
+    records: int
+    tokens: int
+    files: int
+    tensor_bytes: int
+
+    @property
+    def bytes(self) -> int:
+        return self.tensor_bytes + self.files * FILE_OVERHEAD
+
+
+def cache_plan(records: list[dict], num_features: int, hidden: int, dtype: torch.dtype,
+               topk: int = 0) -> CachePlan:
+    """The feature cache of `records` (each {"ids"}): per token num_features x hidden values in
+    `dtype`, and with distillation (topk > 0) k int32 ids and k logits in `dtype`."""
+    tokens = sum(len(r["ids"]) for r in records)
+    per_token = num_features * hidden * dtype.itemsize
+    if topk:
+        per_token += topk * (torch.int32.itemsize + dtype.itemsize)
+    return CachePlan(records=len(records), tokens=tokens,
+                     files=len(records) * (2 if topk else 1), tensor_bytes=tokens * per_token)
+
+
+def cache_bytes(cache_dir: Path) -> int:
+    """The bytes already in a feature cache folder (0 if there is none)."""
+    if not cache_dir.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in cache_dir.glob(f"*{CACHE_SUFFIX}"))
+
+
+def feature_plan(conf: TrainConfig) -> CachePlan | None:
+    """The feature cache `train` would write for `conf` (its records, extra data included), or
+    None when it cannot be sized before the run: the data or the target is not there yet, or
+    the data is conversations (tokenised with the chat template when the run starts)."""
+    from domino_sglang.paths import target_dir
+    from domino_sglang.train.conversations import is_records_file
+
+    target = Path(conf.target) if conf.target else target_dir()
+    data = Path(conf.data)
+    if not data.is_file() or not (target / "config.json").is_file() or not is_records_file(data):
+        return None
+    records = load_records(data, conf.max_seq_len, conf.max_id, conf.skip_ids)
+    records += load_extra_records(conf.extra_data, conf.max_seq_len, conf.distill,
+                                  {r["id"] for r in records})
+    init = Path(conf.init) / "config.json" if conf.init else None
+    width = (len(json.loads(init.read_text())["dflash_config"]["target_layer_ids"])
+             if init is not None and init.is_file() else conf.num_features)
+    hidden = json.loads((target / "config.json").read_text())["hidden_size"]
+    return cache_plan(records, width, hidden, getattr(torch, conf.feature_dtype),
+                      conf.distill_topk if conf.distill else 0)
+
+
+def check_cache_fits(plan: CachePlan, cache_dir: Path) -> None:
+    """Refuse a run whose feature cache would not fit the free disk, naming the sizes, before
+    anything is written (a cache already partly there counts as written)."""
+    import shutil
+
+    need = plan.bytes - cache_bytes(cache_dir)
+    where = next(p for p in (cache_dir, *cache_dir.parents) if p.exists())
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise TrainConfigError(
+            f"train: the feature cache needs {need / 1e9:.2f} GB more in {cache_dir} "
+            f"({plan.records} records, {plan.tokens} tokens) but {free / 1e9:.2f} GB are free: "
+            "free space, or train with features = online (nothing written)")
 
 
 class TargetFeatures:
@@ -388,9 +472,16 @@ class TargetFeatures:
             cache_dir.mkdir(parents=True, exist_ok=True)
 
     def _cached(self, rec: dict, name: str):
-        path = None if self.cache_dir is None else self.cache_dir / f"{rec['id']}{name}.pt"
+        """(the cache file of record `rec`'s features (name "") or top-k (".topK"), its value
+        or None): a tensor [T, K*H], or (ids [T, k], logits [T, k]); None when absent or written
+        for a record of another length."""
+        path = (None if self.cache_dir is None
+                else self.cache_dir / f"{rec['id']}{name}{CACHE_SUFFIX}")
         if path is not None and path.exists():
-            value = torch.load(path, weights_only=True, map_location=self.device)
+            from safetensors.torch import load_file
+
+            found = load_file(path, device=str(self.device))
+            value = found["features"] if "features" in found else (found["ids"], found["logits"])
             first = value[0] if isinstance(value, tuple) else value
             if first.shape[0] == len(rec["ids"]):
                 return path, value
@@ -398,10 +489,14 @@ class TargetFeatures:
 
     @staticmethod
     def _store(path: Path | None, value) -> None:
+        """Write one record's features or top-k (safetensors, no pickle) atomically."""
         if path is not None:
+            from safetensors.torch import save_file
+
+            named = (dict(zip(("ids", "logits"), value)) if isinstance(value, tuple)
+                     else {"features": value})
             tmp = path.with_suffix(f".tmp{os.getpid()}")
-            value = tuple(v.cpu() for v in value) if isinstance(value, tuple) else value.cpu()
-            torch.save(value, tmp)
+            save_file({k: v.detach().cpu().contiguous() for k, v in named.items()}, tmp)
             tmp.replace(path)
 
     @torch.no_grad()
@@ -910,7 +1005,8 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
                                "(run domino-sglang prepare-target)")
     dcfg = _drafter_config(conf, target)
     out.mkdir(parents=True, exist_ok=True)
-    data, off_policy = prepare_data(Path(conf.data), target, out, conf.max_seq_len, rank, world)
+    data, off_policy = prepare_data(Path(conf.data), target, out, conf.max_seq_len, rank, world,
+                                    conf.chat_template)
     records = load_records(data, conf.max_seq_len, conf.max_id, conf.skip_ids)
     held = records[-conf.eval_records:] if 0 < conf.eval_records < len(records) else []
     train_recs = records[: len(records) - len(held)]
@@ -947,9 +1043,14 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
     if world > 1:
         torch.distributed.barrier()
     dconf = load_draft_config(seed_dir)
+    if conf.features == "cache" and rank == 0:
+        check_cache_fits(cache_plan(train_recs + held, dconf.num_context_features,
+                                    dconf.hidden_size, getattr(torch, conf.feature_dtype),
+                                    conf.distill_topk if conf.distill else 0),
+                         out / "features")
     drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32, device=device).train()
     feats = TargetFeatures(target, list(dconf.target_layer_ids), getattr(torch, conf.feature_dtype),
-                           out / "features" if conf.feature_cache else None,
+                           out / "features" if conf.features == "cache" else None,
                            conf.distill_topk if conf.distill else 0, device, shard=fsdp)
     if fsdp:  # the sharded target's forwards are collective: all of them before the loop
         feats.precompute(train_recs + held, rank, world)
@@ -1276,7 +1377,7 @@ def _tensorboard(out: Path):
 
 
 def prepare_data(data: Path, target: Path, out: Path, max_seq_len: int, rank: int = 0,
-                 world: int = 1) -> tuple[Path, bool]:
+                 world: int = 1, chat_template: str = "") -> tuple[Path, bool]:
     """(records file, off_policy): a regenerated JSONL as is; conversations (conversations.py)
     tokenised with the target's chat template into out/data-as-written.jsonl (rank 0 writes
     it, once), to be trained on as written: off-policy."""
@@ -1294,9 +1395,13 @@ def prepare_data(data: Path, target: Path, out: Path, max_seq_len: int, rank: in
             return data, False
         dest = out / "data-as-written.jsonl"
         if rank == 0 and not dest.exists():
-            from transformers import AutoTokenizer
+            from domino_sglang.train.regenerate import chat_tokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(str(target))
+            try:
+                tokenizer = chat_tokenizer(target, Path(chat_template) if chat_template
+                                           else None)
+            except ValueError as exc:
+                raise TrainConfigError(f"train: {exc}") from exc
             records = written_records(read_conversations(data), tokenizer, max_seq_len)
             if not records:
                 raise TrainConfigError(f"train: {data} has no conversation ending with an "
