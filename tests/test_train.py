@@ -226,15 +226,16 @@ def test_resume_equals_uninterrupted(tmp_path, draft_vocab, short_blocks, distil
                                                            always=always))
     else:
         assert exported is None
-    # a drafter trained on short blocks is served drafting short blocks (worker.py propose)
+    # a drafter trained on short blocks is served drafting short blocks (drafter.py propose)
     from domino_sglang.config import load_draft_config
 
     assert load_draft_config(tmp_path / "b" / "run" / "drafter").short_draft == (short_blocks > 0)
     # distillation caches the target's top-k beside the features (read again on resume)
-    tops = sorted((tmp_path / "b" / "run" / "features").glob("*.top8.pt"))
+    tops = sorted((tmp_path / "b" / "run" / "features").glob("*.top8.safetensors"))
     assert bool(tops) == (distill > 0)
     if tops:
-        ids, logits = torch.load(tops[0], weights_only=True)
+        top = load_file(str(tops[0]))
+        ids, logits = top["ids"], top["logits"]
         assert ids.shape == logits.shape and ids.shape[1] == 8
         assert bool((logits[:, :-1] >= logits[:, 1:]).all())  # the k largest, in order
 

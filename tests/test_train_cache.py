@@ -27,15 +27,17 @@ Usage = namedtuple("Usage", "total used free")
 
 @pytest.mark.parametrize("distill", [0.0, 0.5])
 def test_the_planned_cache_is_the_bytes_written(tmp_path, distill):
-    conf = load_train_config(None, tiny_overrides(tmp_path, steps=3, eval_every=3,
+    # 10 training records, 2 a step: 5 steps are an epoch, every record's features written
+    conf = load_train_config(None, tiny_overrides(tmp_path, steps=5, eval_every=5,
                                                   distill=distill, distill_topk=8))
     plan = feature_plan(conf)
     assert plan.records == 12 and plan.tokens == 12 * 48
     assert plan.files == 12 * (2 if distill else 1)
-    # float32 features of 2 layers x hidden 32, and 8 int32 ids + 8 float32 logits a token
-    assert plan.tensor_bytes == plan.tokens * (2 * 32 * 4 + (8 * 8 if distill else 0))
+    # float32 features of the one target layer the tiny drafter reads (spread_layer_ids over 4
+    # layers) x hidden 32, and 8 int32 ids + 8 float32 logits a token
+    assert plan.tensor_bytes == plan.tokens * (1 * 32 * 4 + (8 * 8 if distill else 0))
     listed = recipe.plan(*recipe.load_recipe(None, tiny_overrides(
-        tmp_path, steps=3, eval_every=3, distill=distill, distill_topk=8)))
+        tmp_path, steps=5, eval_every=5, distill=distill, distill_topk=8)))
     assert f"cache {plan.bytes / 1e9:.3f} GB" in listed and "576 tokens" in listed
     train(conf, progress=False)
     cache = tmp_path / "run" / "features"

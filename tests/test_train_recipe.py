@@ -144,5 +144,6 @@ def test_smollm2_recipe_resolves_to_the_shipped_drafter(tmp_path, capsys):
 
     assert main(["train", "--config", str(SMOLLM2), "--out", str(tmp_path / "run"),
                  "--plan"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 22 and lines[-1].startswith("21. stage30:") and "[to run]" in lines[-1]
+    lines = capsys.readouterr().out.splitlines()  # a phase line and its features line each
+    assert len(lines) == 43 and lines[-2].startswith("21. stage30:") and "[to run]" in lines[-2]
+    assert lines[-1].strip().startswith("features cache:") or "sized when" in lines[-1]

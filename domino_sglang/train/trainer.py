@@ -398,8 +398,9 @@ def cache_bytes(cache_dir: Path) -> int:
 
 def feature_plan(conf: TrainConfig) -> CachePlan | None:
     """The feature cache `train` would write for `conf` (its records, extra data included), or
-    None when it cannot be sized before the run: the data or the target is not there yet, or
-    the data is conversations (tokenised with the chat template when the run starts)."""
+    None when it cannot be sized before the run: the data, the target or the init drafter is
+    not there yet, or the data is conversations (tokenised with the chat template when the run
+    starts)."""
     from domino_sglang.paths import target_dir
     from domino_sglang.train.conversations import is_records_file
 
@@ -410,9 +411,9 @@ def feature_plan(conf: TrainConfig) -> CachePlan | None:
     records = load_records(data, conf.max_seq_len, conf.max_id, conf.skip_ids)
     records += load_extra_records(conf.extra_data, conf.max_seq_len, conf.distill,
                                   {r["id"] for r in records})
-    init = Path(conf.init) / "config.json" if conf.init else None
-    width = (len(json.loads(init.read_text())["dflash_config"]["target_layer_ids"])
-             if init is not None and init.is_file() else conf.num_features)
+    if conf.init and not (Path(conf.init) / "config.json").is_file():
+        return None  # the previous phase's drafter, not trained yet
+    width = len(_drafter_config(conf, target)["dflash_config"]["target_layer_ids"])
     hidden = json.loads((target / "config.json").read_text())["hidden_size"]
     return cache_plan(records, width, hidden, getattr(torch, conf.feature_dtype),
                       conf.distill_topk if conf.distill else 0)
