@@ -76,6 +76,12 @@ def test_shipped_drafter_is_lossless_and_keeps_its_tau(reference, chat_ids):
     served = [out["meta_info"]["spec_verify_ct"] for out in outs]
     print(f"verify rounds per prompt: served {served}, replayed {replayed}")
     assert served == replayed
+    # so the tau a training run logs for held-out records (trainer.replay_tau) is the served one
+    records = [{"id": i, "ids": ids + out["output_ids"], "start": len(ids)}
+               for i, (ids, out) in enumerate(zip(prompts, outs))]
+    estimate = _replay(records, tau=True)
+    print(f"in-training estimate {estimate:.3f}, served {tau:.3f}")
+    assert estimate == pytest.approx(tau, abs=1e-9)
 
 
 # --speculative-domino-debug-draft-len 16,1: a full block at even committed lengths, else plain
@@ -141,13 +147,18 @@ def test_short_draft_passes_draft_what_the_drafter_computes(reference, chat_ids)
 
 
 def _replay(records: list[dict], draft_lens: tuple[int, ...] | None = None,
-            short_draft: bool = False) -> list[int]:
+            short_draft: bool = False, tau: bool = False) -> list[int] | float:
     import torch
 
     from domino_sglang.config import load_draft_config
     from domino_sglang.model import DominoDrafter
     from domino_sglang.paths import target_dir
-    from domino_sglang.train.trainer import DrafterTrainModule, TargetFeatures, replay_rounds
+    from domino_sglang.train.trainer import (
+        DrafterTrainModule,
+        TargetFeatures,
+        replay_rounds,
+        replay_tau,
+    )
     from domino_sglang.vocab import load_draft_vocab
 
     dconf = load_draft_config(shipped_drafter_dir())
@@ -155,5 +166,7 @@ def _replay(records: list[dict], draft_lens: tuple[int, ...] | None = None,
     drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32).eval()
     module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight,
                                 load_draft_vocab(dconf.path, dconf.vocab_size))  # as served
+    if tau:  # what a training run logs for these records
+        return replay_tau(module, feats, records)
     return [replay_rounds(module, feats, rec, draft_lens=draft_lens, short_draft=short_draft)
             for rec in records]

@@ -682,3 +682,35 @@ def test_extra_data_is_trained_on_whole_and_checked(tmp_path, monkeypatch):
                                                   distill_topk=8))
     train(conf, progress=False)
     assert {i for i in visited if i >= 4_000_000} == {4_000_000 + k for k in range(4)}
+
+
+def test_the_logged_replay_tau_is_tokens_over_replayed_rounds(tmp_path):
+    """The held-out evaluation logs tau as a server would measure it (replay_tau: committed
+    tokens / replay_rounds; tests/test_shipped_drafter.py ties the rounds to a served run),
+    head on and off, in log.jsonl; a zeroed head drafts the backbone's chain, so both agree."""
+    import json
+
+    from domino_sglang.train import trainer as tr
+
+    conf = load_train_config(None, tiny_overrides(tmp_path, steps=20, lr=1e-2, save_every=20,
+                                                  eval_every=20))
+    train(conf, progress=False)
+    logs = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    logged = [x["eval"] for x in logs if "eval" in x][-1]
+    dconf = tr.load_draft_config(tmp_path / "run" / "drafter")
+    drafter = tr.DominoDrafter.from_pretrained(dconf, dtype=torch.float32)
+    drafter.load_state_dict(torch.load(tmp_path / "run" / "checkpoint" / "drafter.pt",
+                                       weights_only=True))  # the weights evaluated at step 20
+    feats = tr.TargetFeatures(conf.target, list(dconf.target_layer_ids), torch.float32)
+    module = tr.DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+    held = tr.load_records(conf.data, conf.max_seq_len)[-conf.eval_records:]
+    rounds = [tr.replay_rounds(module, feats, rec) for rec in held]
+    tokens = sum(len(rec["ids"]) - rec["start"] for rec in held)
+    assert sum(rounds) < tokens  # some drafts accepted: the ratio has teeth
+    assert tr.replay_tau(module, feats, held) == pytest.approx(tokens / sum(rounds))
+    assert logged["tau_replay_final"] == pytest.approx(tokens / sum(rounds))
+    assert 1.0 <= logged["tau_replay_base"] <= conf.block_size
+    with torch.no_grad():
+        drafter.embed_proj[2].weight.zero_()
+    assert tr.replay_tau(module, feats, held) == tr.replay_tau(module, feats, held,
+                                                               use_head=False)

@@ -881,7 +881,22 @@ def evaluate(module: DrafterTrainModule, feats: TargetFeatures, records: list[di
     acc_b, acc_f = accuracies(valid, correct_b), accuracies(valid, correct_f)
     return {"acc_base": acc_b, "acc_final": acc_f,
             "tau_sim_base": tau_sim(acc_b), "tau_sim_final": tau_sim(acc_f),
-            **rollout_tau(module, feats, records, conf)}
+            **rollout_tau(module, feats, records, conf),
+            "tau_replay_final": replay_tau(module, feats, records),
+            "tau_replay_base": replay_tau(module, feats, records, use_head=False)}
+
+
+def replay_tau(module: DrafterTrainModule, feats: TargetFeatures, records: list[dict],
+               use_head: bool = True) -> float:
+    """The tau a server measures (fixed block, no prompt lookup) when it generates these
+    records' responses: committed tokens / verify rounds of `replay_rounds` over each record,
+    which equal the served rounds exactly when the responses are the target's greedy output
+    (regenerated data; tests/test_shipped_drafter.py checks it against a served run). The
+    estimate a run logs while training (held-out records, head on and off); on data used as
+    written (off-policy) it is the tau of replaying those answers instead."""
+    rounds = [replay_rounds(module, feats, rec, use_head=use_head) for rec in records]
+    tokens = sum(len(rec["ids"]) - rec["start"] for rec in records)
+    return tokens / max(sum(rounds), 1)
 
 
 def rollout_tau(module: DrafterTrainModule, feats: TargetFeatures, records: list[dict],
@@ -1201,6 +1216,7 @@ def train(conf: TrainConfig, progress: bool = True, stop_at: int | None = None,
                         tb.add_scalar(f"eval/{key}", value, step)
             if bar is not None:
                 bar.write(_eval_line(ev))
+                bar.set_postfix(tau=f"{ev['eval']['tau_replay_final']:.2f}")
         if step % conf.save_every == 0 or step == conf.steps:
             full = opt_full = None
             if fsdp:  # gathered by every rank, written by rank 0
@@ -1342,7 +1358,8 @@ def _load_conf_from_dict(cfg: dict, scratch: Path):
 
 def _eval_line(ev: dict) -> str:
     e = ev["eval"]
-    return (f"eval step {ev['step']}: tau_sim base {e['tau_sim_base']:.2f} final "
+    return (f"eval step {ev['step']}: tau (as served, replayed) base {e['tau_replay_base']:.2f} "
+            f"final {e['tau_replay_final']:.2f}; tau_sim base {e['tau_sim_base']:.2f} final "
             f"{e['tau_sim_final']:.2f}, tau_rollout base {e['tau_rollout_base']:.2f} final "
             f"{e['tau_rollout_final']:.2f}")
 
