@@ -434,6 +434,20 @@ def check_cache_fits(plan: CachePlan, cache_dir: Path) -> None:
             "free space, or train with features = online (nothing written)")
 
 
+def batch_groups(sequences: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Indices of `sequences` grouped into forwards: sorted by length, each group as many as
+    fit `max_tokens` padded tokens (group size x its longest), a longer one alone."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    groups, start = [], 0
+    while start < len(order):
+        end = start + 1  # sorted by length: the last sequence of a group is its longest
+        while end < len(order) and (end + 1 - start) * len(sequences[order[end]]) <= max_tokens:
+            end += 1
+        groups.append(order[start:end])
+        start = end
+    return groups
+
+
 class TargetFeatures:
     """The target's hidden states of the drafter's target layers, in the serving dtype.
 
@@ -534,17 +548,9 @@ class TargetFeatures:
                 out[i] = cached
             else:
                 todo.append(i)
-        todo.sort(key=lambda i: len(records[i]["ids"]))
-        start = 0
-        while start < len(todo):
-            end = start + 1  # sorted by length: the last record of a group is its longest
-            while (end < len(todo)
-                   and (end + 1 - start) * len(records[todo[end]]["ids"]) <= max_tokens):
-                end += 1
-            group = [records[i] for i in todo[start:end]]
-            for i, feats in zip(todo[start:end], self._batch_forward(group)):
-                out[i] = feats
-            start = end
+        for group in batch_groups([records[i]["ids"] for i in todo], max_tokens):
+            for j, feats in zip(group, self._batch_forward([records[todo[j]] for j in group])):
+                out[todo[j]] = feats
         return out
 
     def _batch_forward(self, group: list[dict]) -> list[torch.Tensor]:
@@ -573,9 +579,9 @@ class TargetFeatures:
     @torch.no_grad()
     def precompute(self, records: list[dict], rank: int, world: int) -> None:
         """Cache every record's features (and top-k) in lockstep: a sharded target's forward is a
-        collective, so every rank runs the same number of forwards (rank r takes the r-th record
-        of each group of `world`; the last group is padded with a repeat). Afterwards the
-        training loop only reads the cache."""
+        collective, so every rank runs the same number of forwards, each a batch of records
+        (batch_groups; rank r takes the r-th batch of each `world`, the last round padded with
+        a repeat). Afterwards the training loop only reads the cache."""
         def missing(rec: dict) -> bool:
             return (self._cached(rec, "")[1] is None
                     or bool(self.topk) and self._cached(rec, f".top{self.topk}")[1] is None)
@@ -583,15 +589,10 @@ class TargetFeatures:
         torch.distributed.barrier()
         todo = [rec for rec in records if missing(rec)]  # the same list on every rank
         torch.distributed.barrier()
-        for i in range(0, len(todo), world):
-            rec = todo[min(i + rank, len(todo) - 1)]
-            if self.topk:
-                self._forward(rec)
-            else:
-                ids = torch.tensor([rec["ids"]], device=self.device)
-                hs = self.model.model(input_ids=ids, output_hidden_states=True).hidden_states
-                self._store(self._cached(rec, "")[0],
-                            torch.cat([hs[j + 1][0] for j in self.layer_ids], dim=-1))
+        groups = batch_groups([rec["ids"] for rec in todo],
+                              BATCH_TOKENS.get(self.device.type, BATCH_TOKENS_DEFAULT))
+        for i in range(0, len(groups), world):  # every rank a group: the forwards in lockstep
+            self._batch_forward([todo[j] for j in groups[min(i + rank, len(groups) - 1)]])
         torch.distributed.barrier()
 
     @torch.no_grad()
