@@ -16,6 +16,9 @@ sglang:spec_verify_calls_total), k (the adaptive policy's calibrated cost scale 
 the ratio of the median runs and, with --repeats > 1, the paired estimate (`paired_speedup`).
 "fixed" verifies the whole block every round (--speculative-domino-adaptive off); "adaptive" lets
 policy.py pick the draft length.
+`--llamacpp` adds llama.cpp's server (benchmarks/llamacpp.py: built from source, the same target
+as a bf16 GGUF, the same threads) as a CPU peer, measured in the same alternation and paired
+against like AR.
 Output: benchmarks/results/<out>.json, .md (command, machine, revision, date) and .png.
 
     python benchmarks/throughput.py --concurrency 1 2 4 8 16 32 --max-tokens 64
@@ -104,6 +107,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1,
                     help="unrecorded runs of each method before each point's repeats (the first "
                          "run of a prompt set prefills it cold; later ones hit the prefix cache)")
+    ap.add_argument("--llamacpp", action="store_true",
+                    help="add llama.cpp's server as method llamacpp: built from source, the same "
+                         "target as a bf16 GGUF, the same threads (benchmarks/llamacpp.py); "
+                         "every other method is also paired against it; skipped, with the "
+                         "reason reported, when it cannot be built here")
     ap.add_argument("--out", default="throughput")
     args = ap.parse_args()
     args.methods = list(dict.fromkeys(canonical(m) for m in args.methods))
@@ -146,9 +154,28 @@ def main() -> None:
         prov["base_tree_revision"] = provenance.git_revision(args.base_tree)
     base_drafter = str(args.base_drafter) if args.base_drafter is not None else drafter
     rows = []
+    peer_note = ""
     with ExitStack() as stack:
         servers = {}
+        if args.llamacpp:
+            import llamacpp
+
+            from domino_sglang.paths import target_dir
+
+            try:
+                servers["llamacpp"] = stack.enter_context(llamacpp.llama_server(
+                    target_dir(), args.threads, slots=max(args.concurrency)))
+                one_request(servers["llamacpp"].url, "Hello!", 8)  # warm-up
+                args.methods = [*args.methods, "llamacpp"]
+                peer_note = (f"- llamacpp: llama.cpp's llama-server ({llamacpp.PACKAGE} "
+                             f"source, GGML_NATIVE=OFF), the target as a bf16 GGUF, "
+                             f"{args.threads} thread(s)\n")
+            except llamacpp.Unavailable as exc:
+                peer_note = f"- llamacpp: skipped, {exc}\n"
+                print(f"llamacpp: skipped: {exc}", flush=True)
         for m in args.methods:  # started one at a time: start-up is CPU-heavy
+            if m == "llamacpp":
+                continue
             serve, sglang = methods[m].server_args(
                 base_drafter if m.endswith("-base") else drafter, args.dtype)
             servers[m] = stack.enter_context(start_server(
@@ -186,6 +213,9 @@ def main() -> None:
         if base is not None and r["method"] != "ar" and args.repeats > 1:
             r["paired_vs_ar"] = paired_speedup(runs, r["method"], r["temperature"],
                                                r["concurrency"])
+        if "llamacpp" in args.methods and r["method"] not in ("llamacpp",) and args.repeats > 1:
+            r["paired_vs_llamacpp"] = paired_speedup(runs, r["method"], r["temperature"],
+                                                     r["concurrency"], baseline="llamacpp")
 
     RESULTS.mkdir(exist_ok=True)
     out = {"provenance": prov, "max_tokens": args.max_tokens, "dtype": args.dtype,
@@ -201,7 +231,8 @@ def main() -> None:
     if base_drafter != drafter:
         cost += f"- the -base methods' drafter: `{base_drafter}`\n"
     lines = [f"## Throughput sweep ({args.max_tokens} output tokens, ignore_eos, {args.dtype}"
-             f"{median})", "", provenance.markdown_header(prov), f"{cost}- drafter: `{drafter}`",
+             f"{median})", "", provenance.markdown_header(prov),
+             f"{cost}{peer_note}- drafter: `{drafter}`",
              "",
              "| temperature | concurrency | method | output tok/s | vs AR | paired vs AR [90% CI] "
              "| tau | k | TTFT p50 (s) | ITL mean (ms) | runs (tok/s) |",
@@ -226,6 +257,13 @@ def main() -> None:
                 lines.append(f"{m} vs AR, paired: geometric mean {geo:.3f}x, min "
                              f"{min(p['geomean'] for p in paired):.3f}x; {below} of "
                              f"{len(paired)} points with the whole 90% CI under 0.98x")
+    peer = [r for r in rows if "paired_vs_llamacpp" in r]
+    if peer:
+        lines += ["", "Paired against llama.cpp's server (same points, same runs):", "",
+                  "| temperature | concurrency | method | paired vs llamacpp [90% CI] |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['temperature']} | {r['concurrency']} | {r['method']} | "
+                  f"{paired_cell(r['paired_vs_llamacpp'])} |" for r in peer]
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     plot(rows, RESULTS / f"{args.out}.png")
     print("\n".join(lines))

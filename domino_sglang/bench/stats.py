@@ -10,8 +10,9 @@ import statistics
 
 
 def paired_speedup(runs: list[dict], method: str, temperature: float, concurrency: int,
-                   confidence: float = 0.9) -> dict:
-    """The speed-up of `method` over AR at one point from paired runs: each repeat measures the
+                   confidence: float = 0.9, baseline: str = "ar") -> dict:
+    """The speed-up of `method` over `baseline` (AR by default) at one point from paired runs:
+    each repeat measures the
     methods back to back, so the ratio of the two runs of one repeat cancels the machine's slow
     drift, which the ratio of medians does not. Returned: the geometric mean of the n paired
     ratios r_i and a Student-t interval on their logs,
@@ -24,11 +25,11 @@ def paired_speedup(runs: list[dict], method: str, temperature: float, concurrenc
                 if (r["method"], r["temperature"], r["concurrency"]) == (m, temperature,
                                                                           concurrency)}
 
-    mine, ar = by_repeat(method), by_repeat("ar")
+    mine, ar = by_repeat(method), by_repeat(baseline)
     ratios = [mine[i] / ar[i] for i in sorted(mine.keys() & ar.keys())]
     if len(ratios) < 2:
         raise ValueError(f"paired_speedup: {method} at T = {temperature}, c = {concurrency} "
-                         f"has {len(ratios)} run(s) paired with AR, needs 2")
+                         f"has {len(ratios)} run(s) paired with {baseline}, needs 2")
     logs = [math.log(x) for x in ratios]
     mean, sd, n = statistics.fmean(logs), statistics.stdev(logs), len(logs)
     half = student_t.ppf((1 + confidence) / 2, n - 1) * sd / math.sqrt(n)
