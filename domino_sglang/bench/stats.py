@@ -28,8 +28,9 @@ def paired_speedup(runs: list[dict], method: str, temperature: float, concurrenc
     mine, ar = by_repeat(method), by_repeat(baseline)
     ratios = [mine[i] / ar[i] for i in sorted(mine.keys() & ar.keys())]
     if len(ratios) < 2:
+        name = "AR" if baseline == "ar" else baseline
         raise ValueError(f"paired_speedup: {method} at T = {temperature}, c = {concurrency} "
-                         f"has {len(ratios)} run(s) paired with {baseline}, needs 2")
+                         f"has {len(ratios)} run(s) paired with {name}, needs 2")
     logs = [math.log(x) for x in ratios]
     mean, sd, n = statistics.fmean(logs), statistics.stdev(logs), len(logs)
     half = student_t.ppf((1 + confidence) / 2, n - 1) * sd / math.sqrt(n)
