@@ -122,8 +122,8 @@ class DominoWorker(BaseSpecWorker):
 
         target_model = self.model_runner.model
         embed = target_model.model.embed_tokens  # the target's, shared
-        # On the CPU the head's small sequential GEMVs run faster in fp32 than in bf16 (16-block
-        # rollout, bs 1: 22 vs 31 ms, benchmarks/head_cost.py); 4 MB of weights.
+        # On the CPU the head's small sequential GEMVs run faster in fp32 than in bf16
+        # (docs/studies/head_cost.py); a few MB of weights.
         head_dtype = torch.float32 if torch.device(self.device).type == "cpu" else None
         # SGLang pads lm_head rows to a multiple of 64: the head scores the real vocabulary only
         lm_head = target_model.lm_head.weight[:target_cfg.vocab_size]  # [V, H]
@@ -135,7 +135,7 @@ class DominoWorker(BaseSpecWorker):
         head = head.with_vocab(vocab)
         if torch.device(self.device).type == "cpu":  # the CPU runtime's exact, faster argmax
             kernels.install(argmax=cpu_argmax.argmax)
-        if cpu_linear.is_active():  # the base logits of 15 positions: 3x faster packed (fp32)
+        if cpu_linear.is_active():  # the base logits of B-1 positions, packed (oneDNN)
             rows = lm_head if head.vocab is None else head.vocab_lm_head
             head.base_linear = functools.partial(cpu_linear.packed_linear,
                                                  packed=cpu_linear.pack(rows))
