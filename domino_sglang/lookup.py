@@ -123,7 +123,7 @@ class PromptLookup:
     `block_size` tokens over a vocabulary of `vocab_size` (its sampled q are one-hot over it).
     The planner asks `find` (which rows copy decides L); `propose` then writes the copies."""
 
-    def __init__(self, block_size: int, mask_token_id: int, device, vocab_size: int = 0):
+    def __init__(self, block_size: int, mask_token_id: int, device, vocab_size: int):
         self.block_size, self.mask_token_id, self.device = block_size, mask_token_id, device
         self.vocab_size = vocab_size
 

@@ -316,8 +316,7 @@ class CopyPaths:
     copy_index_on_device chose. `gate`: the drafter's copy gate."""
 
     def __init__(self, gate: torch.nn.Linear, device: torch.device | str, on_device: bool):
-        self.gate, self.device = gate, torch.device(device)
-        self.on_device = on_device
+        self.gate, self.on_device = gate, on_device
         self.histories = DeviceHistories(device) if on_device else None
         self.indexes: dict[str, CopyIndex] = {}  # request id -> its host index
 

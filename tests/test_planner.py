@@ -14,7 +14,7 @@ from domino_sglang.options import resolve
 from domino_sglang.planner import RoundPlanner
 from domino_sglang.policy import SpeculationPolicy
 
-B, MASK = 6, 99
+B, MASK, VOCAB = 6, 99, 128
 
 
 class StubPolicy:
@@ -58,7 +58,7 @@ REPEAT = [7, 8, 9, 7, 8, 9, 7, 8]  # "7 8" recurs: copies 9 7 8 (the first occur
 
 
 def planner(policy, lookup=True):
-    return RoundPlanner(policy, B, "cpu", PromptLookup(B, MASK, "cpu") if lookup else None)
+    return RoundPlanner(policy, B, "cpu", PromptLookup(B, MASK, "cpu", VOCAB) if lookup else None)
 
 
 def test_the_policy_decides_a_drafter_round():

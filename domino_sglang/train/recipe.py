@@ -41,6 +41,7 @@ from domino_sglang.train.trainer import (
     cache_bytes,
     config_from_dict,
     feature_plan,
+    free_bytes,
     resolve_device,
     train,
 )
@@ -154,8 +155,7 @@ def _features_line(conf: TrainConfig) -> str:
     if conf.features == "online":
         return f"features online: {head}; nothing written (a target forward per record per step)"
     cache = Path(conf.out) / "features"
-    where = next(p for p in (cache, *cache.parents) if p.exists())
-    free = shutil.disk_usage(where).free
+    free = free_bytes(cache)
     have = cache_bytes(cache)
     return (f"features cache: {head}; cache {sized.bytes / 1e9:.3f} GB in {cache} "
             f"({have / 1e9:.3f} GB there), {free / 1e9:.1f} GB free"

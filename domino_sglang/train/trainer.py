@@ -419,14 +419,18 @@ def feature_plan(conf: TrainConfig) -> CachePlan | None:
                       conf.distill_topk if conf.distill else 0)
 
 
+def free_bytes(path: Path) -> int:
+    """The free disk space where `path` is (or will be: its nearest existing parent)."""
+    import shutil
+
+    return shutil.disk_usage(next(p for p in (path, *path.parents) if p.exists())).free
+
+
 def check_cache_fits(plan: CachePlan, cache_dir: Path) -> None:
     """Refuse a run whose feature cache would not fit the free disk, naming the sizes, before
     anything is written (a cache already partly there counts as written)."""
-    import shutil
-
     need = plan.bytes - cache_bytes(cache_dir)
-    where = next(p for p in (cache_dir, *cache_dir.parents) if p.exists())
-    free = shutil.disk_usage(where).free
+    free = free_bytes(cache_dir)
     if need > free:
         raise TrainConfigError(
             f"train: the feature cache needs {need / 1e9:.2f} GB more in {cache_dir} "
