@@ -130,9 +130,11 @@ def test_domino_counters_equal_per_request_stats(server, tokenizer):
     assert delta(after, before, "domino_draft_seconds_sum") > 0
     # the adaptive policy timed its rounds (a calibration round at bs 1, then speculative
     # ones) and learned its costs off the neutral prior (costs.OnlineCosts): k != 1, and the
-    # learned draft and per-token overheads exported
+    # learned draft and per-token overheads exported. k is the learned L = 2 overhead over the
+    # prior's: near 0 where drafting costs next to nothing beside the target's forward (float32
+    # on an AVX2 CPU: 0.04), so only its sign and finiteness are the server's to guarantee
     k = after[("domino_cost_scale", "")]
-    assert k != 1.0 and 1 / 16 <= k <= 16
+    assert k != 1.0 and 0.0 <= k < 16
     draft = after[("domino_cost_overhead", 'part="draft"')]
     per_token = after[("domino_cost_overhead", 'part="per_token"')]
     assert 0.0 <= draft < 16 and 0.0 <= per_token < 16 and (draft, per_token) != (0.36, 0.04)
