@@ -95,6 +95,16 @@ def _set(server_args, field: str, value, why: str) -> None:
         logger.info("DOMINO sets %s=%r (was %r): %s", field, value, old, why)
 
 
+def check_tensor_parallel(conf, tp_size: int) -> None:
+    """At --tp-size N the drafter's layers are split over the ranks as the target's are
+    (tp.py): its heads, KV heads and MLP rows must divide by N."""
+    for field in ("num_heads", "num_kv_heads", "intermediate_size"):
+        n = getattr(conf, field)
+        if n % tp_size:
+            raise DominoArgsError(f"--tp-size {tp_size} does not divide the drafter's {field} "
+                                  f"({n}): its layers are split over the tensor-parallel ranks")
+
+
 def resolve_server_args(server_args) -> None:
     """Validate and complete the server arguments for DOMINO (steps=1, topk=1, B from config)."""
     from domino_sglang.config import DrafterConfigError, load_draft_config
@@ -105,9 +115,6 @@ def resolve_server_args(server_args) -> None:
     path = _local_drafter(server_args, str(path))
     if int(getattr(server_args, "pp_size", 1) or 1) != 1:
         raise DominoArgsError("DOMINO does not support pipeline parallelism (--pp-size must be 1)")
-    if int(getattr(server_args, "tp_size", 1) or 1) != 1:
-        raise DominoArgsError("DOMINO runs on one tensor-parallel rank (--tp-size must be 1): "
-                              "its head reads the whole unsharded lm_head")
     if getattr(server_args, "enable_mixed_chunk", False):
         raise DominoArgsError("DOMINO rounds do not mix prefill chunks into decode batches: drop "
                               "--enable-mixed-chunk (SGLang refuses it for custom speculative "
@@ -134,6 +141,7 @@ def resolve_server_args(server_args) -> None:
                                  or getattr(server_args, "model_path", None))
     except DrafterConfigError as exc:
         raise DominoArgsError(str(exc)) from exc
+    check_tensor_parallel(conf, int(getattr(server_args, "tp_size", 1) or 1))
     try:  # the serving options (options.py), refused here, before any process is spawned
         config = options.for_server(server_args, conf, conf.block_size)
         if config.token_map is not None:

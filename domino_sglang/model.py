@@ -33,6 +33,7 @@ from domino_sglang.config import (
     load_draft_weights,
 )
 from domino_sglang.rollout import HeadParams
+from domino_sglang.tp import Shard, shard_linear_in, shard_linear_out
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -82,6 +83,7 @@ class DraftAttention(nn.Module):
         self.o_proj = nn.Linear(conf.num_heads * d, h, bias=False)
         self.q_norm = RMSNorm(d, conf.rms_norm_eps)
         self.k_norm = RMSNorm(d, conf.rms_norm_eps)
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None  # see shard
 
     def kv(self, x: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V of inputs x [T, H] -> k, v [T, Hkv, D] (k normed and rotated)."""
@@ -97,7 +99,18 @@ class DraftAttention(nn.Module):
         q = apply_rope(q, rope)
         k, v = self.kv(x, rope)
         out = attend(layer_idx, q, k, v)  # [T, Hq, D]
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        out = self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        return out if self.reduce is None else self.reduce(out)  # tensor parallel: summed
+
+    def shard(self, shard: Shard) -> None:
+        """Keep this rank's heads (tp.py): q/k/v by output heads, o_proj by input heads."""
+        shard_linear_out(self.q_proj, shard, self.num_heads)
+        shard_linear_out(self.k_proj, shard, self.num_kv_heads)
+        shard_linear_out(self.v_proj, shard, self.num_kv_heads)
+        shard_linear_in(self.o_proj, shard, self.num_heads)
+        self.num_heads //= shard.size
+        self.num_kv_heads //= shard.size
+        self.reduce = shard.all_reduce
 
 
 class DraftMLP(nn.Module):
@@ -106,9 +119,19 @@ class DraftMLP(nn.Module):
         self.gate_proj = nn.Linear(conf.hidden_size, conf.intermediate_size, bias=False)
         self.up_proj = nn.Linear(conf.hidden_size, conf.intermediate_size, bias=False)
         self.down_proj = nn.Linear(conf.intermediate_size, conf.hidden_size, bias=False)
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None  # see shard
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        out = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out if self.reduce is None else self.reduce(out)  # tensor parallel: summed
+
+    def shard(self, shard: Shard) -> None:
+        """Keep this rank's intermediate rows (tp.py): gate/up by output, down by input."""
+        inter = self.gate_proj.out_features
+        shard_linear_out(self.gate_proj, shard, inter)
+        shard_linear_out(self.up_proj, shard, inter)
+        shard_linear_in(self.down_proj, shard, inter)
+        self.reduce = shard.all_reduce
 
 
 class DraftLayer(nn.Module):
@@ -155,6 +178,13 @@ class DominoDrafter(nn.Module):
         model.load_state_dict({k: v for k, v in weights.items() if k in own}, strict=True)
         return model.to(device=device, dtype=dtype).eval()
 
+    def shard(self, shard: Shard) -> None:
+        """Serve as rank `shard.rank` of `shard.size` tensor-parallel ranks (tp.py): every
+        draft layer keeps its share of heads and MLP rows; the rest stays replicated."""
+        for layer in self.layers:
+            layer.self_attn.shard(shard)
+            layer.mlp.shard(shard)
+
     def project_context(self, target_hidden: torch.Tensor) -> torch.Tensor:
         """[T, K*H] target-layer features -> [T, H] context states."""
         return self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))
@@ -176,14 +206,16 @@ class DominoDrafter(nn.Module):
         return self.norm(x)
 
     def head(self, embed: nn.Module, lm_head_weight: torch.Tensor,
-             dtype: torch.dtype | None = None) -> HeadParams:
+             dtype: torch.dtype | None = None, full_vocab: int = 0) -> HeadParams:
         """The rollout's view of the head; `dtype` converts the GRU and embed_proj in place
-        (the backbone keeps its own dtype)."""
+        (the backbone keeps its own dtype); `full_vocab`: V where lm_head_weight holds this
+        tensor-parallel rank's rows only."""
         if dtype is not None:
             self.prefix_gru.to(dtype)
             self.embed_proj.to(dtype)
         return HeadParams(embed=embed, lm_head_weight=lm_head_weight,
-                          prefix_gru=self.prefix_gru, embed_proj=self.embed_proj)
+                          prefix_gru=self.prefix_gru, embed_proj=self.embed_proj,
+                          full_vocab=full_vocab)
 
 
 def init_drafter_weights(conf: DraftConfig, seed: int = 0, std: float = 0.02) -> dict:
@@ -236,7 +268,12 @@ def sglang_draft_model_class() -> type:
     the block) over the draft KV pool, so it runs on whatever backend SGLang picked.
     """
     from domino_sglang.config import parse_draft_config
-    from domino_sglang.sglang_compat import AttentionType, LogitsProcessorOutput, RadixAttention
+    from domino_sglang.sglang_compat import (
+        AttentionType,
+        LogitsProcessorOutput,
+        RadixAttention,
+        tp_shard,
+    )
 
     class DominoDraftModel(nn.Module):
         def __init__(self, config, quant_config=None, prefix: str = "") -> None:
@@ -245,8 +282,12 @@ def sglang_draft_model_class() -> type:
                                            getattr(config, "_name_or_path", "drafter"))
             c = self.conf
             self.drafter = DominoDrafter(c)
+            # tensor parallel (tp.py): this rank's heads, sharded once the weights are loaded
+            self.shard = tp_shard()
+            n = 1 if self.shard is None else self.shard.size
+            self.heads = c.num_heads // n
             self.attn = nn.ModuleList(
-                RadixAttention(c.num_heads, c.head_dim, c.head_dim ** -0.5, c.num_kv_heads,
+                RadixAttention(self.heads, c.head_dim, c.head_dim ** -0.5, c.num_kv_heads // n,
                                layer_id=i, attn_type=AttentionType.ENCODER_ONLY,
                                prefix=f"{prefix}attn.{i}")
                 for i in range(c.num_layers)
@@ -258,7 +299,7 @@ def sglang_draft_model_class() -> type:
                 t = q.shape[0]
                 out = self.attn[i](q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1),
                                    forward_batch)
-                return out.view(t, self.conf.num_heads, self.conf.head_dim)
+                return out.view(t, self.heads, self.conf.head_dim)
 
             z = self.drafter.backbone(input_embeds, positions, attend)  # [T, H]
             return LogitsProcessorOutput(next_token_logits=None, hidden_states=z)
@@ -275,5 +316,7 @@ def sglang_draft_model_class() -> type:
             missing = sorted(set(own) - seen)
             if missing:
                 raise ValueError(f"drafter checkpoint lacks weights: {missing[:4]}")
+            if self.shard is not None:
+                self.drafter.shard(self.shard)
 
     return DominoDraftModel

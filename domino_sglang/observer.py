@@ -9,7 +9,8 @@ After each round (worker.py `decode_round`) `RoundObserver.record` does, in orde
     the copies' alpha from the rows that copied; rows committing one token do not vote;
 and at the next round's start (`start_round`) the cost calibration: the previous round's wall
 time, start to start, to the policy (policy.py "Calibration"), with a debug log line per round.
-Depends on metrics.py and the policy's interface; no SGLang.
+Depends on metrics.py, the policy's interface and tp.RankAgreement (at TP > 1 every rank learns
+from rank 0's round times); no SGLang.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from domino_sglang.metrics import RoundClock, draft_outcomes, head_change_outcomes
+from domino_sglang.tp import RankAgreement
 
 if TYPE_CHECKING:
     from domino_sglang.planner import RoundPlan
@@ -33,9 +35,10 @@ logger = logging.getLogger("domino_sglang.worker")  # the round log lines keep t
 class RoundObserver:
     """Metrics, policy feedback and cost calibration of a worker's decode rounds."""
 
-    def __init__(self, metrics, policy):
+    def __init__(self, metrics, policy, agree: RankAgreement | None = None):
         self.metrics = metrics
         self.policy = policy
+        self.agree = agree or RankAgreement()  # tensor parallel: rank 0's round times (tp.py)
         # (bs, L, start) of the last decode round, timed at the next one's start (calibration)
         # + kind, mean committed length and its clock (draft / verify marks), logged (debug)
         self._last_round: tuple[int, int, float, str, int, object] | None = None
@@ -121,7 +124,7 @@ class RoundObserver:
                              1e3 * (now - started), 1e3 * spans[0], 1e3 * spans[1],
                              calibration.scale(bs) if calibration else 1.0, self.policy.stats.alpha)
             if not kind.startswith("copy"):
-                self.policy.observe_time(bs, block, now - started)
+                self.policy.observe_time(bs, block, self.agree.seconds(now - started))
                 self.report_cost_scale(bs, now)
         return now
 

@@ -60,7 +60,7 @@ class HeadParams:
     """What the rollout needs from the drafter and the target (shared, never copied)."""
 
     embed: nn.Module  # target token embedding, ids -> [.., H]
-    lm_head_weight: torch.Tensor  # [V, H], the target's
+    lm_head_weight: torch.Tensor  # [V, H], the target's (at TP > 1 this rank's rows: tp.py)
     prefix_gru: nn.GRU
     embed_proj: nn.Sequential  # Linear(H+G -> E), SiLU, Linear(E -> V)
     # the base logits' matmul, x [N, H] -> [N, V or Vd], where the runtime has a faster one
@@ -72,21 +72,25 @@ class HeadParams:
     vocab: torch.Tensor | None = None
     vocab_lm_head: torch.Tensor | None = None
     vocab_out_weight: torch.Tensor | None = None
+    full_vocab: int = 0  # V where lm_head_weight holds part of the rows (TP > 1), else 0
 
-    def with_vocab(self, vocab: torch.Tensor | None) -> HeadParams:
+    def with_vocab(self, vocab: torch.Tensor | None, rows: torch.Tensor | None = None
+                   ) -> HeadParams:
         """This head restricted to the draft vocabulary `vocab` (token ids [Vd]); None: all V.
-        The base_linear, if any, is dropped (the caller packs `vocab_lm_head`)."""
+        `rows`: the lm_head's rows at those ids [Vd, H] where lm_head_weight lacks some (TP >
+        1: tp.vocab_rows). The base_linear, if any, is dropped (the caller packs
+        `vocab_lm_head`)."""
         if vocab is None:
             return replace(self, vocab=None, vocab_lm_head=None, vocab_out_weight=None)
         vocab = vocab.to(device=self.lm_head_weight.device, dtype=torch.int64)
-        return replace(self, vocab=vocab, base_linear=None,
-                       vocab_lm_head=self.lm_head_weight[vocab].contiguous(),
+        rows = self.lm_head_weight[vocab] if rows is None else rows
+        return replace(self, vocab=vocab, base_linear=None, vocab_lm_head=rows.contiguous(),
                        vocab_out_weight=self.embed_proj[2].weight[vocab].detach().contiguous())
 
     @property
     def vocab_size(self) -> int:
         """V, the size of the distributions the verifier compares (the full vocabulary)."""
-        return self.lm_head_weight.shape[0]
+        return self.full_vocab or self.lm_head_weight.shape[0]
 
     def token_ids(self, idx: torch.Tensor) -> torch.Tensor:
         """Indices into the base logits -> token ids (the identity without a draft vocabulary)."""

@@ -28,6 +28,11 @@ import sys
 from collections.abc import Iterator
 
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.distributed import (
+    get_tp_group,
+    tensor_model_parallel_all_gather,
+    tensor_model_parallel_all_reduce,
+)
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.layers.sampler import apply_custom_logit_processor
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -71,7 +76,8 @@ __all__ = [
     "loaded_http_server", "make_draft_block_spec_info", "make_draft_input_v2",
     "register_draft_architecture", "register_hooks", "register_resolution_steps",
     "register_spec_algorithm",
-    "sanitize_nan_logits", "supports_sampling_mask", "verify_graph_runtime",
+    "sanitize_nan_logits", "supports_sampling_mask", "tp_all_gather", "tp_broadcast",
+    "tp_shard", "verify_graph_runtime",
 ]  # plus the lazy re-exports of LAZY (not listed: `import *` would import them all)
 
 # The ScheduleBatch fields a plain round (decode_forward) sets for SGLang's own DECODE forward
@@ -156,6 +162,8 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo": (
             "top_ks", "is_all_greedy", "acc_additive_penalties", "acc_scaling_penalties",
             "logit_bias", "has_custom_logit_processor", "penalizer_orchestrator"),
+        "sglang.srt.layers.vocab_parallel_embedding.VocabParallelEmbeddingShardIndices": (
+            "org_vocab_start_index", "org_vocab_end_index"),  # tp.vocab_range
         "sglang.srt.managers.utils.GenerationBatchResult": (
             "logits_output", "next_token_ids", "accept_lens", "can_run_cuda_graph",
             "next_draft_input", "speculative_num_draft_tokens", "new_seq_lens"),
@@ -231,6 +239,8 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.srt.layers.quantization.unquant.UnquantizedEmbeddingMethod": (
             "process_weights_after_loading",),
         "sglang.srt.layers.logits_processor.LogitsProcessor": ("_compute_lm_head",),
+        # tp_shard, tp_broadcast, tp.vocab_range: the TP group and the lm_head's shard
+        "sglang.srt.distributed.parallel_state.GroupCoordinator": ("broadcast_object",),
         # security.py
         "sglang.srt.utils.auth.AuthLevel": ("ADMIN_OPTIONAL", "ADMIN_FORCE"),
         # cli.py: `sglang serve` where the `sglang` console script is missing (a command-line
@@ -238,6 +248,11 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.cli.main": ("main",),
     },
     "init assigns": {
+        # tp_shard, tp_broadcast: the TP group's rank and size
+        "sglang.srt.distributed.parallel_state.GroupCoordinator": (
+            "rank_in_group", "world_size"),
+        # tp.vocab_range: the rows of the vocabulary-parallel lm_head this rank holds
+        "sglang.srt.layers.vocab_parallel_embedding.VocabParallelEmbedding": ("shard_indices",),
         # verify_graph_runtime: restored around the attention backend's construction
         "sglang.srt.model_executor.model_runner.ModelRunner": ("init_new_workspace",),
         "sglang.srt.managers.schedule_batch.Req": (
@@ -313,6 +328,29 @@ def decode_graph_batch_sizes(device) -> tuple[int, ...]:
 
     decode = get_exec().graph.cuda_graph_config.decode
     return () if decode.backend == Backend.DISABLED else tuple(sorted(decode.bs))
+
+
+def tp_shard():
+    """This process's tp.Shard of the TP group (rank, size, SGLang's all-reduce), or None at
+    TP size 1."""
+    from domino_sglang.tp import Shard
+
+    group = get_tp_group()
+    if group.world_size == 1:
+        return None
+    return Shard(group.rank_in_group, group.world_size, tensor_model_parallel_all_reduce)
+
+
+def tp_all_gather(x):
+    """SGLang's all-gather over the TP group along the last dimension."""
+    return tensor_model_parallel_all_gather(x, dim=-1)
+
+
+def tp_broadcast():
+    """The TP group's broadcast of a Python object from its rank 0 (over its CPU group: no
+    device synchronisation), or None at TP size 1."""
+    group = get_tp_group()
+    return None if group.world_size == 1 else group.broadcast_object
 
 
 def graph_batch_sizes(model_runner, captured: tuple[int, ...]) -> tuple[int, ...]:

@@ -21,6 +21,7 @@ import functools
 import logging
 
 import torch
+import torch.nn.functional as F
 
 from domino_sglang import kernels, options
 from domino_sglang.config import (
@@ -75,8 +76,12 @@ from domino_sglang.sglang_compat import (
     make_draft_input_v2,
     register_draft_architecture,
     sanitize_nan_logits,
+    tp_all_gather,
+    tp_broadcast,
+    tp_shard,
     verify_graph_runtime,
 )
+from domino_sglang.tp import RankAgreement, gathered_logits, vocab_range, vocab_rows
 from domino_sglang.verify import Verdict, verify_greedy, verify_mixed
 from domino_sglang.vocab import load_draft_vocab, load_draft_vocab_file
 
@@ -125,20 +130,33 @@ class DominoWorker(BaseSpecWorker):
         # On the CPU the head's small sequential GEMVs run faster in fp32 than in bf16
         # (docs/studies/head_cost.py); a few MB of weights.
         head_dtype = torch.float32 if torch.device(self.device).type == "cpu" else None
-        # SGLang pads lm_head rows to a multiple of 64: the head scores the real vocabulary only
-        lm_head = target_model.lm_head.weight[:target_cfg.vocab_size]  # [V, H]
-        head = self.draft_model.drafter.head(embed, lm_head, head_dtype)
+        # tensor parallel (tp.py): this rank's rows of the lm_head, ids [start, end); else all
+        # of them but SGLang's padding (rows to a multiple of 64): the real vocabulary only
+        self.shard = shard = tp_shard()  # None at TP size 1
+        vocab_size = target_cfg.vocab_size
+        if shard is None:
+            lm_head = target_model.lm_head.weight[:vocab_size]  # [V, H]
+        else:
+            start, end = vocab_range(target_model.lm_head)
+            lm_head = target_model.lm_head.weight  # [V_padded / N, H]
+        head = self.draft_model.drafter.head(embed, lm_head, head_dtype,
+                                             full_vocab=0 if shard is None else vocab_size)
         # the draft vocabulary (vocab.py): base logits over its Vd rows of the lm_head only
         vocab = (None if not opts.draft_vocab
                  else load_draft_vocab_file(opts.token_map, conf.vocab_size) if opts.token_map
                  else load_draft_vocab(conf.path, conf.vocab_size))
-        head = head.with_vocab(vocab)
+        head = head.with_vocab(vocab, None if shard is None or vocab is None else vocab_rows(
+            lm_head, start, end, vocab.to(lm_head.device), shard.all_reduce))
         if torch.device(self.device).type == "cpu":  # the CPU runtime's exact, faster argmax
             kernels.install(argmax=cpu_argmax.argmax)
         if cpu_linear.is_active():  # the base logits of B-1 positions, packed (oneDNN)
             rows = lm_head if head.vocab is None else head.vocab_lm_head
             head.base_linear = functools.partial(cpu_linear.packed_linear,
                                                  packed=cpu_linear.pack(rows))
+        if shard is not None and head.vocab is None:  # this rank's logits, gathered
+            head.base_linear = gathered_logits(
+                head.base_linear or functools.partial(F.linear, weight=lm_head), vocab_size,
+                tp_all_gather)
             # the backbone's and context projection's linears, as the target's are
             drafter = self.draft_model.drafter
             cpu_linear.pack_linears(drafter.fc)
@@ -175,19 +193,24 @@ class DominoWorker(BaseSpecWorker):
         self.proposers: tuple[Proposer, ...] = (self.drafter,) + ((lookup,) if lookup else ())
         self.planner = RoundPlanner(self.policy, self.block_size, self.device, lookup)
         # (the planner's widths: every L until init_cuda_graphs knows the captured ones)
-        self.observer = RoundObserver(self.metrics, self.policy)
+        # (every rank's policy learns from rank 0's round times: tp.py)
+        self.observer = RoundObserver(self.metrics, self.policy, RankAgreement(tp_broadcast()))
         # plain rounds' draft-context writes, batched until a draft pass needs them (context.py)
         self.context = DeferredContext(self.write_draft_context)
         self.sync_log = opts.sync_log  # counted rounds (measurement, tests)
         logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s, "
-                    "copy %s, draft pass %s, prompt lookup %s, policy %s (cost profile %s: %s)",
-                    self.block_size,
+                    "copy %s, draft pass %s, prompt lookup %s, policy %s (cost profile %s: %s), "
+                    "%s", self.block_size,
                     conf.num_layers, list(conf.target_layer_ids),
                     opts.candidate_pool or "full vocabulary", "on" if opts.head else "OFF",
                     "on" if copy is not None else "off",
                     "L tokens" if opts.short_draft else "whole block",
                     "on" if lookup else "off",
-                    "adaptive" if self.policy.enabled else "fixed block", profile, cost)
+                    "adaptive" if self.policy.enabled else "fixed block", profile, cost,
+                    "one rank" if shard is None else
+                    f"tensor parallel rank {shard.rank} of {shard.size} (draft layers "
+                    f"{conf.num_heads // shard.size} heads each, base logits "
+                    f"{'gathered' if head.vocab is None else 'over replicated draft rows'})")
 
     # ---- lifecycle hooks called by the scheduler ----
     @property

@@ -68,7 +68,7 @@ def test_gpu_path_uses_flashinfer_and_keeps_cuda_graphs(drafter, monkeypatch, ta
     ({"speculative_draft_model_path": None}, "needs --speculative-draft-model-path"),
     ({"enable_deterministic_inference": True},
      "does not support --enable-deterministic-inference"),
-    ({"tp_size": 2}, "--tp-size must be 1"),
+    ({"tp_size": 2}, "--tp-size 2 does not divide the drafter's num_heads (9)"),
     ({"enable_watermark": True}, "drop --enable-watermark"),
     ({"enable_mixed_chunk": True}, "drop --enable-mixed-chunk"),
 ])
@@ -76,6 +76,13 @@ def test_invalid_combinations(drafter, kw, message):
     with pytest.raises(DominoArgsError) as exc:
         resolve_server_args(args(drafter, **kw))
     assert message in str(exc.value)
+
+
+def test_tensor_parallel_splits_the_drafter_as_the_target(drafter):
+    # the SmolLM2 drafter's 9 heads, 3 KV heads and 1536 MLP rows split over 3 ranks
+    a = args(drafter, tp_size=3)
+    resolve_server_args(a)
+    assert a.tp_size == 3
 
 
 def test_not_a_domino_drafter(target_path):

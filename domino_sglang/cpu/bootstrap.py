@@ -29,6 +29,7 @@ _MODULES = {
     f"{STANDIN_NAME}.speculative": "SGL_KERNEL_SPECULATIVE_OPS",
 }
 DISABLE_ENV = "DOMINO_SGLANG_NO_CPU_KERNELS"
+NCCL_ENV, NO_NCCL = "SGLANG_NCCL_SO_PATH", "none: the CPU engine communicates over gloo"
 
 
 class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -80,6 +81,11 @@ def install() -> bool:
     if not should_install():
         return False
     sys.meta_path.append(_FINDER)
+    # Tensor parallelism on the CPU engine runs over gloo (SGLang's all-reduce on CPU tensors),
+    # but SGLang also opens NCCL for every TP group when it can load libnccl, which the CUDA
+    # build of torch ships: its communicator then asks for a CUDA device and the server dies.
+    # A library path that does not load makes SGLang skip NCCL ("missing NCCL library").
+    os.environ.setdefault(NCCL_ENV, NO_NCCL)
     return True
 
 

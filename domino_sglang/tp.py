@@ -1,0 +1,113 @@
+"""What a DOMINO worker's tensor-parallel ranks compute, and what makes their rounds identical.
+
+At `--tp-size N` SGLang runs one scheduler and one worker per rank, each fed the same batches.
+Every rank runs every round, and every collective below is entered by every rank at the same
+point of the same round, with the same shapes:
+  - the target: SGLang's own, sharded; its all-reduces make the hidden states whole on every
+    rank (the draft context features are read after them) and its logits processor gathers
+    the vocabulary-parallel logits the verifier reads;
+  - the drafter's backbone: sharded as the target's layers are (`Shard`: q/k/v and gate/up
+    split by output rows, o/down by input columns, one all-reduce after each), so each rank
+    writes num_kv_heads / N heads into the draft KV pool, which SGLang sizes that way; memory
+    per rank: the backbone's / N. The context projection, norms, GRU head, low-rank
+    correction and copy gate are small and replicated;
+  - the base logits: over the full vocabulary, each rank's rows of the target's
+    vocabulary-parallel lm_head, then all-gathered (`gathered_logits`); over a draft
+    vocabulary, its Vd rows gathered once at start-up (`vocab_rows`) and replicated
+    (Vd x H per rank), so a round gathers nothing;
+  - the embeddings the block and the head read: the target's vocabulary-parallel embedding
+    (one all-reduce per call).
+Why every rank takes the same decisions: each input to a decision is whole on every rank
+(all-reduced or gathered tensors, the requests' tokens and seeds, the scheduler's batch, torch's
+generator seeded alike on every rank and drawn in the same order, as SGLang's own sampling at
+TP > 1 assumes), except one: the round's wall time, from which the adaptive policy learns its
+costs (costs.py) and so chooses L. `RankAgreement.seconds` hands every rank rank 0's time
+(one host broadcast over the TP group's CPU group per timed round), so the policies of all
+ranks hold the same state and choose the same L; without it ranks would verify different
+lengths and deadlock in the target's collectives (tests/test_tp.py plants such a difference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This rank's part of a sharded layer: `rank` of `size`, `all_reduce` summing a partial
+    output over the ranks (in place or not; its result is used)."""
+
+    rank: int
+    size: int
+    all_reduce: Callable[[torch.Tensor], torch.Tensor]
+
+    def rows(self, n: int) -> slice:
+        """The slice of n output rows (or input columns) this rank holds; n % size == 0."""
+        per = n // self.size
+        return slice(self.rank * per, (self.rank + 1) * per)
+
+
+def shard_linear_out(linear: nn.Linear, shard: Shard, units: int) -> None:
+    """Keep this rank's output rows of `linear` (in place): `units` equal groups (heads, or
+    single rows) split evenly over the ranks."""
+    per_unit = linear.out_features // units
+    keep = shard.rows(units)
+    rows = slice(keep.start * per_unit, keep.stop * per_unit)
+    linear.weight = nn.Parameter(linear.weight.data[rows].contiguous(), requires_grad=False)
+    linear.out_features = rows.stop - rows.start
+
+
+def shard_linear_in(linear: nn.Linear, shard: Shard, units: int) -> None:
+    """Keep this rank's input columns of `linear` (in place), split as shard_linear_out."""
+    per_unit = linear.in_features // units
+    keep = shard.rows(units)
+    cols = slice(keep.start * per_unit, keep.stop * per_unit)
+    linear.weight = nn.Parameter(linear.weight.data[:, cols].contiguous(), requires_grad=False)
+    linear.in_features = cols.stop - cols.start
+
+
+def vocab_range(lm_head: nn.Module) -> tuple[int, int]:
+    """[start, end): the token ids whose rows of a vocabulary-parallel lm_head (or embedding)
+    this rank holds, at local rows 0 .. end - start."""
+    idx = lm_head.shard_indices
+    return int(idx.org_vocab_start_index), int(idx.org_vocab_end_index)
+
+
+def vocab_rows(local: torch.Tensor, start: int, end: int, ids: torch.Tensor,
+               all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The rows [len(ids), H] of token ids `ids` of a vocabulary-parallel weight whose rows
+    [start, end) are `local` [>= end - start, H] on this rank: each rank fills its own, zeros
+    elsewhere, summed over the ranks (exact: x + 0 = x)."""
+    mine = (ids >= start) & (ids < end)
+    rows = local.new_zeros(len(ids), local.shape[1])
+    rows[mine] = local[ids[mine] - start]
+    return all_reduce(rows)
+
+
+def gathered_logits(local_linear: Callable[[torch.Tensor], torch.Tensor], vocab: int,
+                    all_gather: Callable[[torch.Tensor], torch.Tensor]
+                    ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x [N, H] -> logits [N, V]: this rank's logits over its (padded) vocabulary rows, gathered
+    along the last dimension in rank order (SGLang's padded layout) and cut to the V real
+    tokens, as SGLang's logits processor does for the target."""
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        return all_gather(local_linear(x))[..., :vocab]
+    return linear
+
+
+class RankAgreement:
+    """Rank 0's value of what a rank measures itself, on every rank (module docstring).
+    `broadcast(obj) -> obj`: the TP group's object broadcast from rank 0 (identity at N = 1)."""
+
+    def __init__(self, broadcast: Callable[[object], object] | None = None):
+        self.broadcast = broadcast
+
+    def seconds(self, value: float) -> float:
+        """A round's wall time as rank 0 measured it."""
+        if self.broadcast is None:
+            return value
+        return float(self.broadcast(value))
