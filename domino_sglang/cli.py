@@ -62,6 +62,12 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
         cmd += ["--api-key", args.api_key]
     if args.admin_api_key:
         cmd += ["--admin-api-key", args.admin_api_key]
+    if args.tp_size < 1:
+        _fail(f"--tp-size must be >= 1, got {args.tp_size}")
+    if args.tp_size > 1:
+        if _has_flag(extra, "--tp-size"):
+            _fail("--tp-size is given twice (before and after `--`): give it once")
+        cmd += ["--tp-size", str(args.tp_size)]
     env: dict[str, str] = {}
     drafter = None if args.no_speculation else (args.drafter or _default_drafter())
     if drafter is not None and not _has_flag(extra, "--speculative-algorithm"):
@@ -71,7 +77,11 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
         # SGLang's CPU path keys off SGLANG_USE_CPU_ENGINE; our .pth hook then provides the
         # sgl_kernel ops and `domino_cpu` attention handles verify (torch_native cannot).
         env["SGLANG_USE_CPU_ENGINE"] = "1"
-        env["OMP_NUM_THREADS"] = str(args.threads)
+        env["OMP_NUM_THREADS"] = str(max(1, args.threads // args.tp_size))
+        if args.tp_size > 1 and "SGLANG_CPU_OMP_THREADS_BIND" not in os.environ:
+            # SGLang asks for one core set per rank once there are more ranks than NUMA nodes
+            env["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_binding(
+                args.tp_size, sorted(os.sched_getaffinity(0)))
         cmd += ["--device", "cpu", "--attention-backend", "domino_cpu"]
         from domino_sglang.cpu.dtype import default_cpu_dtype
 
@@ -95,6 +105,21 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
         if args.dtype:
             cmd += ["--dtype", args.dtype]
     return cmd + extra, env
+
+
+def cpu_binding(ranks: int, cores: list[int]) -> str:
+    """SGLANG_CPU_OMP_THREADS_BIND for `ranks` CPU ranks over `cores`: contiguous equal shares
+    ("0-3|4-7"), or one core each, reused in turn, when there are fewer cores than ranks."""
+    if len(cores) < ranks:
+        return "|".join(str(cores[i % len(cores)]) for i in range(ranks))
+    per = len(cores) // ranks
+    parts = []
+    for i in range(ranks):
+        share = cores[i * per:(i + 1) * per]
+        contiguous = share[-1] - share[0] == len(share) - 1
+        parts.append(f"{share[0]}-{share[-1]}" if contiguous and len(share) > 1
+                     else ",".join(map(str, share)))
+    return "|".join(parts)
 
 
 def sglang_serve_argv() -> list[str]:
@@ -578,7 +603,11 @@ def make_parser() -> argparse.ArgumentParser:
                    help="model dtype (CPU default: bfloat16 where the CPU has native bf16 "
                         "matmuls, AVX512-BF16 or AMX; float32 otherwise, see cpu/dtype.py)")
     s.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
-                   help="torch threads of the CPU server (default: cores - 1)")
+                   help="torch threads of the CPU server, shared by its tensor-parallel ranks "
+                        "(default: cores - 1)")
+    s.add_argument("--tp-size", type=int, default=1,
+                   help="tensor-parallel ranks (SGLang's --tp-size); on a CPU each rank gets "
+                        "its share of the cores (SGLANG_CPU_OMP_THREADS_BIND, unless set)")
     s.add_argument("--max-total-tokens", type=int, default=65536,
                    help="CPU KV pool size in tokens (default 65536)")
     s.add_argument("--api-key", default=os.environ.get("DOMINO_SGLANG_API_KEY") or None,
