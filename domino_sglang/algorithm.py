@@ -114,7 +114,12 @@ def resolve_server_args(server_args) -> None:
         raise DominoArgsError("DOMINO needs --speculative-draft-model-path (a Domino drafter)")
     path = _local_drafter(server_args, str(path))
     if int(getattr(server_args, "pp_size", 1) or 1) != 1:
-        raise DominoArgsError("DOMINO does not support pipeline parallelism (--pp-size must be 1)")
+        raise DominoArgsError("DOMINO does not support pipeline parallelism (--pp-size must be "
+                              "1): the drafter reads target layers that stages would split")
+    if getattr(server_args, "enable_dp_attention", False):
+        raise DominoArgsError("DOMINO does not support --enable-dp-attention: its ranks run "
+                              "different batches, while the drafter's layers and round times "
+                              "are shared over the whole TP group")
     if getattr(server_args, "enable_mixed_chunk", False):
         raise DominoArgsError("DOMINO rounds do not mix prefill chunks into decode batches: drop "
                               "--enable-mixed-chunk (SGLang refuses it for custom speculative "

@@ -70,6 +70,7 @@ def test_gpu_path_uses_flashinfer_and_keeps_cuda_graphs(drafter, monkeypatch, ta
      "does not support --enable-deterministic-inference"),
     ({"tp_size": 2}, "--tp-size 2 does not divide the drafter's num_heads (9)"),
     ({"enable_watermark": True}, "drop --enable-watermark"),
+    ({"enable_dp_attention": True}, "does not support --enable-dp-attention"),
     ({"enable_mixed_chunk": True}, "drop --enable-mixed-chunk"),
 ])
 def test_invalid_combinations(drafter, kw, message):
@@ -83,6 +84,25 @@ def test_tensor_parallel_splits_the_drafter_as_the_target(drafter):
     a = args(drafter, tp_size=3)
     resolve_server_args(a)
     assert a.tp_size == 3
+
+
+@pytest.mark.parametrize("cores,ranks,expected", [
+    ([0, 1], 2, "0|1"), ([0, 1, 2, 3], 2, "0-1|2-3"), ([0, 1, 2], 2, "0|1"),
+    ([0], 3, "0|0|0"), ([0, 2, 4, 6], 2, "0,2|4,6")])
+def test_serve_splits_the_cores_over_cpu_ranks(cores, ranks, expected):
+    assert cli.cpu_binding(ranks, cores) == expected
+
+
+def test_serve_passes_tp_size_and_shares_the_threads(monkeypatch, target_path):
+    monkeypatch.setattr(cli, "_cuda_available", lambda: False)
+    monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
+    ns = cli.make_parser().parse_args(["serve", "--model-path", str(target_path),
+                                       "--tp-size", "2", "--threads", "4"])
+    cmd, env = cli.build_serve_command(ns, [])
+    assert cmd[cmd.index("--tp-size") + 1] == "2"
+    assert env["OMP_NUM_THREADS"] == "2" and env["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 1
+    with pytest.raises(SystemExit):  # given twice: refused, not silently doubled
+        cli.build_serve_command(ns, ["--tp-size", "2"])
 
 
 def test_not_a_domino_drafter(target_path):
