@@ -99,6 +99,11 @@ METHODS: Mapping[str, Method] = MappingProxyType({
     # fixed short length
     **{f"domino-l{n}": Method(f"DOMINO L = {n}", _domino(D + "debug-draft-len", str(n)))
        for n in (2, 3, 4)},
+    # tensor parallel over 3 CPU ranks (the demo target's 9 heads, 3 KV heads; serve splits the
+    # cores over the ranks): plain and served-default DOMINO, beside their one-rank runs
+    "ar-tp3": Method("AR, TP 3", ("--no-speculation", "--tp-size", "3")),
+    "domino-adaptive-tp3": Method("DOMINO adaptive, TP 3",
+                                  ("--drafter", "{drafter}", "--tp-size", "3")),
 })
 
 ALIASES: Mapping[str, str] = MappingProxyType({
