@@ -63,9 +63,10 @@ class HeadParams:
     lm_head_weight: torch.Tensor  # [V, H], the target's (at TP > 1 this rank's rows: tp.py)
     prefix_gru: nn.GRU
     embed_proj: nn.Sequential  # Linear(H+G -> E), SiLU, Linear(E -> V)
-    # the base logits' matmul, x [N, H] -> [N, V or Vd], where the runtime has a faster one
-    # than F.linear (the CPU's packed oneDNN lm_head: worker.py), or None. Draft side only: a
-    # stale pack after a target weight update could only lower acceptance, never the output.
+    # the base logits, x [bs, n, H] -> [bs, n, V or Vd], where the runtime computes them other
+    # than by F.linear (the CPU's packed oneDNN lm_head; across TP ranks: tp.py), or None.
+    # Draft side only: a stale pack after a target weight update could only lower acceptance,
+    # never the output.
     base_linear: Callable[[torch.Tensor], torch.Tensor] | None = None
     # draft vocabulary: token ids [Vd] (None: all V), the lm_head rows [Vd, H] and the head's
     # E -> V rows [Vd, E] at those ids (`with_vocab` makes them; copies, 2x Vd rows)
@@ -108,11 +109,14 @@ class Candidates:
 
 def make_candidates(base: torch.Tensor, head: HeadParams, k: int) -> Candidates | None:
     """Top-K pool over positions 1.. of the base logits (position 0 never uses the head).
-    The pool's `ids` are token ids (mapped through the draft vocabulary, if any)."""
+    The pool's `ids` are token ids (mapped through the draft vocabulary, if any), in column
+    order: a sampled draft's token for a given coin depends on the pool's order, which topk
+    leaves to its input's layout (tensor-parallel ranks build theirs otherwise: tp.py)."""
     if k <= 0 or base.shape[1] < 2:
         return None
     k = min(k, base.shape[-1])
     idx = torch.topk(base[:, 1:].amax(dim=1), k=k, dim=-1, sorted=False).indices  # [bs, K]
+    idx = idx.sort(dim=-1).values
     pool_base = torch.gather(base, 2, idx[:, None, :].expand(-1, base.shape[1], -1))
     ids = head.token_ids(idx)
     out_weight = F.embedding(ids, head.embed_proj[2].weight)  # [bs, K, E]
@@ -142,7 +146,7 @@ def base_logits(z: torch.Tensor, head: HeadParams) -> torch.Tensor:
     # 2-D and contiguous: a strided 3-D bf16 input sends torch to a ~80x slower CPU GEMM path.
     zz = z[:, :-1].reshape(bs * n, h).to(weight.dtype)
     if head.base_linear is not None:
-        return head.base_linear(zz).float().view(bs, n, -1)
+        return head.base_linear(zz.view(bs, n, h)).float()
     return F.linear(zz, weight).float().view(bs, n, -1)
 
 

@@ -12,8 +12,10 @@ point of the same round, with the same shapes:
     per rank: the backbone's / N. The context projection, norms, GRU head, low-rank
     correction and copy gate are small and replicated;
   - the base logits: over the full vocabulary, each rank's rows of the target's
-    vocabulary-parallel lm_head, then all-gathered (`gathered_logits`); over a draft
-    vocabulary, its Vd rows gathered once at start-up (`vocab_rows`) and replicated
+    vocabulary-parallel lm_head; with the head over a candidate pool (the default) a rank
+    gathers only what the rollout reads (`pooled_logits`: position 0, each rank's top-K
+    candidates, each position's best), else the whole logits (`gathered_logits`); over a
+    draft vocabulary, its Vd rows gathered once at start-up (`vocab_rows`) and replicated
     (Vd x H per rank), so a round gathers nothing;
   - the embeddings the block and the head read: the target's vocabulary-parallel embedding
     (one all-reduce per call).
@@ -91,11 +93,55 @@ def vocab_rows(local: torch.Tensor, start: int, end: int, ids: torch.Tensor,
 def gathered_logits(local_linear: Callable[[torch.Tensor], torch.Tensor], vocab: int,
                     all_gather: Callable[[torch.Tensor], torch.Tensor]
                     ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """x [N, H] -> logits [N, V]: this rank's logits over its (padded) vocabulary rows, gathered
-    along the last dimension in rank order (SGLang's padded layout) and cut to the V real
-    tokens, as SGLang's logits processor does for the target."""
+    """x [.., H] -> logits [.., V]: this rank's logits over its (padded) vocabulary rows,
+    gathered along the last dimension in rank order (SGLang's padded layout) and cut to the V
+    real tokens, as SGLang's logits processor does for the target."""
     def linear(x: torch.Tensor) -> torch.Tensor:
         return all_gather(local_linear(x))[..., :vocab]
+    return linear
+
+
+def pooled_logits(local_linear: Callable[[torch.Tensor], torch.Tensor], real_rows: int,
+                  vocab: int, pool: int, all_gather: Callable[[torch.Tensor], torch.Tensor]
+                  ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x [bs, n, H] -> base logits [bs, n, V] holding what a rollout over a candidate pool of
+    `pool` tokens reads (rollout.make_candidates), -inf elsewhere: position 0 whole (its draft
+    is the argmax, or q, over the full vocabulary), each rank's `pool` best columns (by their
+    max over positions 1..) at every position, and each rank's best column at each position.
+    The pool made from them is the whole logits' (a token among the global top-K by that max
+    is among its own rank's top-K), each position's argmax is the whole logits' (ties to the
+    lowest id, as one rank's), so drafts and q equal one rank's. One all-gather per round of
+    bs x (V/N + K (n + 1) + 2n) values a rank instead of bs x n x V/N. `real_rows`: this
+    rank's rows that are real tokens (SGLang pads the vocabulary; the last rank's padding is
+    never a candidate). A request's logit_bias is added after: its pool is chosen unbiased."""
+    if vocab >= 1 << 24:
+        raise ValueError(f"pooled_logits: token ids up to {vocab} do not fit float32 exactly")
+
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        bs, n, _ = x.shape
+        local = local_linear(x).float()  # [bs, n, W] this rank's padded rows
+        width = local.shape[-1]
+        local[..., real_rows:] = float("-inf")
+        if n < 2:  # position 0 alone (a one-token draft): it is read whole
+            return all_gather(local)[..., :vocab]
+        k = min(pool, width)
+        cols = torch.topk(local[:, 1:].amax(dim=1), k, dim=-1, sorted=False).indices  # [bs, k]
+        vals = local.gather(2, cols[:, None, :].expand(-1, n, -1))  # [bs, n, k]
+        best = local.max(dim=-1)  # [bs, n]: the first maximum
+        # one message: ids travel as float32 (exact below 2^24), columns local to each rank
+        parts = (local[:, 0], cols.float(), vals.flatten(1), best.values, best.indices.float())
+        sizes = [p.shape[1] for p in parts]
+        every = all_gather(torch.cat(parts, dim=1))  # [bs, N * sum(sizes)], rank order
+        ranks = every.shape[1] // sum(sizes)
+        row0, ids, pooled, best_val, best_col = every.view(bs, ranks, -1).split(sizes, dim=2)
+        offset = (torch.arange(ranks, device=x.device) * width)[None, :, None]  # [1, N, 1]
+        ids = (ids.long() + offset).reshape(bs, 1, ranks * k).expand(-1, n, -1)
+        pooled = pooled.reshape(bs, ranks, n, k).transpose(1, 2).reshape(bs, n, ranks * k)
+        best_col = (best_col.long() + offset).transpose(1, 2)  # [bs, n, N]
+        base = local.new_full((bs, n, ranks * width), float("-inf"))
+        base.scatter_(2, ids, pooled).scatter_(2, best_col, best_val.transpose(1, 2))
+        base[:, 0] = row0.reshape(bs, ranks * width)
+        return base[..., :vocab]
     return linear
 
 

@@ -81,7 +81,13 @@ from domino_sglang.sglang_compat import (
     tp_shard,
     verify_graph_runtime,
 )
-from domino_sglang.tp import RankAgreement, gathered_logits, vocab_range, vocab_rows
+from domino_sglang.tp import (
+    RankAgreement,
+    gathered_logits,
+    pooled_logits,
+    vocab_range,
+    vocab_rows,
+)
 from domino_sglang.verify import Verdict, verify_greedy, verify_mixed
 from domino_sglang.vocab import load_draft_vocab, load_draft_vocab_file
 
@@ -153,10 +159,12 @@ class DominoWorker(BaseSpecWorker):
             rows = lm_head if head.vocab is None else head.vocab_lm_head
             head.base_linear = functools.partial(cpu_linear.packed_linear,
                                                  packed=cpu_linear.pack(rows))
-        if shard is not None and head.vocab is None:  # this rank's logits, gathered
-            head.base_linear = gathered_logits(
-                head.base_linear or functools.partial(F.linear, weight=lm_head), vocab_size,
-                tp_all_gather)
+        if shard is not None and head.vocab is None:  # this rank's logits, gathered (tp.py)
+            local = head.base_linear or functools.partial(F.linear, weight=lm_head)
+            head.base_linear = (
+                pooled_logits(local, end - start, vocab_size, opts.candidate_pool, tp_all_gather)
+                if opts.candidate_pool and opts.head
+                else gathered_logits(local, vocab_size, tp_all_gather))
             # the backbone's and context projection's linears, as the target's are
             drafter = self.draft_model.drafter
             cpu_linear.pack_linears(drafter.fc)
@@ -198,6 +206,9 @@ class DominoWorker(BaseSpecWorker):
         # plain rounds' draft-context writes, batched until a draft pass needs them (context.py)
         self.context = DeferredContext(self.write_draft_context)
         self.sync_log = opts.sync_log  # counted rounds (measurement, tests)
+        base_layout = ("over replicated draft rows" if head.vocab is not None
+                       else "gathered as the pool reads them" if opts.candidate_pool and opts.head
+                       else "gathered whole")
         logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s, "
                     "copy %s, draft pass %s, prompt lookup %s, policy %s (cost profile %s: %s), "
                     "%s", self.block_size,
@@ -210,7 +221,7 @@ class DominoWorker(BaseSpecWorker):
                     "one rank" if shard is None else
                     f"tensor parallel rank {shard.rank} of {shard.size} (draft layers "
                     f"{conf.num_heads // shard.size} heads each, base logits "
-                    f"{'gathered' if head.vocab is None else 'over replicated draft rows'})")
+                    f"{base_layout})")
 
     # ---- lifecycle hooks called by the scheduler ----
     @property

@@ -1,6 +1,7 @@
 """Tensor parallelism's pieces over two real ranks (torch.distributed, gloo, two processes):
 the sharded drafter equals the whole one, the gathered base logits and draft-vocabulary rows
-equal the unsharded ones, and the ranks' adaptive policies choose the same lengths because
+equal the unsharded ones, a head over a candidate pool drafts from the ranks' gathered top-K
+exactly as from the whole logits, and the ranks' adaptive policies choose the same lengths because
 they learn from rank 0's round times (tp.py), while a planted rank-dependent round time makes
 them diverge without that agreement (the check can fail).
 
@@ -11,17 +12,21 @@ from __future__ import annotations
 
 import random
 import socket
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from torch import nn
 
 from domino_sglang.config import load_draft_config, make_draft_config
 from domino_sglang.model import DominoDrafter, init_drafter_weights, save_drafter
 from domino_sglang.policy import SpeculationPolicy
-from domino_sglang.tp import RankAgreement, Shard, gathered_logits, vocab_rows
+from domino_sglang.rollout import HeadParams, greedy_rollout, sampled_rollout
+from domino_sglang.sampling import SamplingRows
+from domino_sglang.tp import RankAgreement, Shard, gathered_logits, pooled_logits, vocab_rows
 
 WORLD = 2
 TARGET = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
@@ -129,6 +134,71 @@ def test_gathered_logits_and_draft_rows_equal_the_whole_lm_head():
         assert r["logits"].shape == (7, vocab)
         torch.testing.assert_close(r["logits"], F.linear(x, weight[:vocab]))
         assert torch.equal(r["rows"], weight[ids])  # gathered once, exactly
+
+
+def _head(weight: torch.Tensor) -> HeadParams:
+    """A strong random head over the vocabulary of `weight` [V, H] (the same on every rank)."""
+    torch.manual_seed(3)
+    vocab, hidden = weight.shape
+    proj = nn.Sequential(nn.Linear(hidden + 6, 5, bias=False), nn.SiLU(),
+                         nn.Linear(5, vocab, bias=False))
+    gru = nn.GRU(hidden, 6, bias=False, batch_first=True)
+    for p in [*gru.parameters(), *proj.parameters()]:
+        nn.init.normal_(p, std=1.5)
+    return HeadParams(embed=nn.Embedding(vocab, hidden), lm_head_weight=weight, prefix_gru=gru,
+                      embed_proj=proj)
+
+
+def _rows() -> SamplingRows:
+    """Six requests: two greedy, the others at T > 0 with and without top-k / top-p / min-p."""
+    return SamplingRows(temperature=torch.tensor([1.0, 0.7, 1.0, 1.3, 1.0, 0.9]),
+                        top_k=torch.tensor([1, 1 << 30, 1, 12, 1 << 30, 40]),
+                        top_p=torch.tensor([1.0, 0.9, 1.0, 1.0, 1.0, 0.8]),
+                        min_p=torch.tensor([0.0, 0.0, 0.0, 0.0, 0.05, 0.0]),
+                        seed=torch.arange(6))
+
+
+def _rollouts(rank: int | None, weight: torch.Tensor, vocab: int, pool: int, z: torch.Tensor,
+              bonus: torch.Tensor, u: torch.Tensor) -> dict:
+    """Greedy and sampled rollouts with the head over a pool of `pool`: on one rank from the
+    whole lm_head (rank None), else from this rank's rows through pooled_logits."""
+    head = _head(weight[:vocab])
+    sent = []
+    if rank is not None:
+        per = weight.shape[0] // WORLD
+        start, end = rank * per, min((rank + 1) * per, vocab)
+        local = weight[start:start + per]
+
+        def gather(x: torch.Tensor) -> torch.Tensor:
+            sent.append(x.numel())
+            return _all_gather_last(x)
+        head = replace(head, lm_head_weight=local, full_vocab=vocab, base_linear=pooled_logits(
+            lambda h: F.linear(h, local), end - start, vocab, pool, gather))
+    chain, pick = greedy_rollout(z, bonus, head, candidate_pool=pool, return_base_pick=True)
+    drafts, q = sampled_rollout(z, bonus, head, _rows(), u, candidate_pool=pool)
+    return {"chain": chain, "pick": pick, "drafts": drafts, "q": q, "sent": sent}
+
+
+@pytest.mark.parametrize("n", [7, 1])  # 1: a one-token draft, position 0 alone
+def test_a_pool_from_the_ranks_top_k_drafts_as_the_whole_logits(n):
+    g = torch.Generator().manual_seed(1)
+    vocab, padded, pool = 250, 256, 20
+    weight = torch.randn(padded, 16, generator=g)
+    weight[vocab:] = 0  # SGLang's padding rows
+    z, bonus = torch.randn(6, n + 1, 16, generator=g), torch.randint(0, vocab, (6,), generator=g)
+    u = torch.rand(6, n, generator=g, dtype=torch.float64)
+    whole = _rollouts(None, weight, vocab, pool, z, bonus, u)
+    ranks = _run(_rollouts, weight, vocab, pool, z, bonus, u)
+    for r in ranks:
+        for key in ("chain", "pick", "drafts"):
+            assert torch.equal(r[key], whole[key]), key
+        torch.testing.assert_close(r["q"], whole["q"], rtol=0, atol=1e-6)
+        assert len(r["sent"]) == 2  # one message a rollout
+        if n > 1:  # smaller than the rank's whole logits [6, n, 128]
+            assert max(r["sent"]) < 6 * n * (padded // WORLD) / 2
+    if n > 1:  # the pool matters: with the whole vocabulary the head drafts otherwise
+        unpooled = _rollouts(None, weight, vocab, 0, z, bonus, u)
+        assert not torch.equal(unpooled["chain"], whole["chain"])
 
 
 def _policy_lengths(rank: int, agreed: bool, planted: float) -> list[int]:
