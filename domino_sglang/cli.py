@@ -78,9 +78,9 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
         # sgl_kernel ops and `domino_cpu` attention handles verify (torch_native cannot).
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         env["OMP_NUM_THREADS"] = str(max(1, args.threads // args.tp_size))
-        if args.tp_size > 1 and "SGLANG_CPU_OMP_THREADS_BIND" not in os.environ:
+        if args.tp_size > 1:
             # SGLang asks for one core set per rank once there are more ranks than NUMA nodes
-            env["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_binding(
+            env["SGLANG_CPU_OMP_THREADS_BIND"] = args.cpu_binding or cpu_binding(
                 args.tp_size, sorted(os.sched_getaffinity(0)))
         cmd += ["--device", "cpu", "--attention-backend", "domino_cpu"]
         from domino_sglang.cpu.dtype import default_cpu_dtype
@@ -607,7 +607,10 @@ def make_parser() -> argparse.ArgumentParser:
                         "(default: cores - 1)")
     s.add_argument("--tp-size", type=int, default=1,
                    help="tensor-parallel ranks (SGLang's --tp-size); on a CPU each rank gets "
-                        "its share of the cores (SGLANG_CPU_OMP_THREADS_BIND, unless set)")
+                        "its share of the cores (--cpu-binding)")
+    s.add_argument("--cpu-binding", default=None,
+                   help="the CPU ranks' cores, SGLang's SGLANG_CPU_OMP_THREADS_BIND (e.g. "
+                        "'0-3|4-7'; default: equal shares of this process's cores)")
     s.add_argument("--max-total-tokens", type=int, default=65536,
                    help="CPU KV pool size in tokens (default 65536)")
     s.add_argument("--api-key", default=os.environ.get("DOMINO_SGLANG_API_KEY") or None,

@@ -159,16 +159,20 @@ class DominoWorker(BaseSpecWorker):
             rows = lm_head if head.vocab is None else head.vocab_lm_head
             head.base_linear = functools.partial(cpu_linear.packed_linear,
                                                  packed=cpu_linear.pack(rows))
-        if shard is not None and head.vocab is None:  # this rank's logits, gathered (tp.py)
-            local = head.base_linear or functools.partial(F.linear, weight=lm_head)
-            head.base_linear = (
-                pooled_logits(local, end - start, vocab_size, opts.candidate_pool, tp_all_gather)
-                if opts.candidate_pool and opts.head
-                else gathered_logits(local, vocab_size, tp_all_gather))
             # the backbone's and context projection's linears, as the target's are
             drafter = self.draft_model.drafter
             cpu_linear.pack_linears(drafter.fc)
             cpu_linear.pack_linears(drafter.layers)
+        base_layout = "over replicated draft rows"  # what a TP round gathers (tp.py)
+        if shard is not None and head.vocab is None:  # this rank's logits, gathered
+            local = head.base_linear or functools.partial(F.linear, weight=lm_head)
+            if opts.candidate_pool and opts.head:
+                head.base_linear = pooled_logits(local, end - start, vocab_size,
+                                                 opts.candidate_pool, tp_all_gather)
+                base_layout = "gathered as the pool reads them"
+            else:
+                head.base_linear = gathered_logits(local, vocab_size, tp_all_gather)
+                base_layout = "gathered whole"
         # a pointer-generator drafter (pointer.py): its copy gate, in the head's dtype, and each
         # running request's copy index, on the device (pointer.copy_index_on_device: CUDA by
         # default) or the host; copy off drafts from p alone (the gate unused)
@@ -206,9 +210,6 @@ class DominoWorker(BaseSpecWorker):
         # plain rounds' draft-context writes, batched until a draft pass needs them (context.py)
         self.context = DeferredContext(self.write_draft_context)
         self.sync_log = opts.sync_log  # counted rounds (measurement, tests)
-        base_layout = ("over replicated draft rows" if head.vocab is not None
-                       else "gathered as the pool reads them" if opts.candidate_pool and opts.head
-                       else "gathered whole")
         logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s, "
                     "copy %s, draft pass %s, prompt lookup %s, policy %s (cost profile %s: %s), "
                     "%s", self.block_size,

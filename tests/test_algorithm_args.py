@@ -95,7 +95,6 @@ def test_serve_splits_the_cores_over_cpu_ranks(cores, ranks, expected):
 
 def test_serve_passes_tp_size_and_shares_the_threads(monkeypatch, target_path):
     monkeypatch.setattr(cli, "_cuda_available", lambda: False)
-    monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
     ns = cli.make_parser().parse_args(["serve", "--model-path", str(target_path),
                                        "--tp-size", "2", "--threads", "4"])
     cmd, env = cli.build_serve_command(ns, [])
@@ -103,6 +102,8 @@ def test_serve_passes_tp_size_and_shares_the_threads(monkeypatch, target_path):
     assert env["OMP_NUM_THREADS"] == "2" and env["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 1
     with pytest.raises(SystemExit):  # given twice: refused, not silently doubled
         cli.build_serve_command(ns, ["--tp-size", "2"])
+    ns.cpu_binding = "1|0"  # the user's binding, as given
+    assert cli.build_serve_command(ns, [])[1]["SGLANG_CPU_OMP_THREADS_BIND"] == "1|0"
 
 
 def test_not_a_domino_drafter(target_path):
