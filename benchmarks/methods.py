@@ -104,6 +104,12 @@ METHODS: Mapping[str, Method] = MappingProxyType({
     "ar-tp3": Method("AR, TP 3", ("--no-speculation", "--tp-size", "3")),
     "domino-adaptive-tp3": Method("DOMINO adaptive, TP 3",
                                   ("--drafter", "{drafter}", "--tp-size", "3")),
+    # the target's forward as SGLang's own LlamaModel runs it (cpu/forward.py's lean forward
+    # off): what the lean forward is worth, plain and DOMINO
+    "ar-sglang-forward": Method("AR, SGLang's forward", ("--no-speculation",),
+                                {"DOMINO_SGLANG_NO_LEAN_FORWARD": "1"}),
+    "domino-adaptive-sglang-forward": Method("DOMINO adaptive, SGLang's forward", _domino(),
+                                             {"DOMINO_SGLANG_NO_LEAN_FORWARD": "1"}),
 })
 
 ALIASES: Mapping[str, str] = MappingProxyType({

@@ -3,9 +3,10 @@
 SGLang calls `register()` (through the `sglang.srt.plugins` entry point) in the launcher and in
 every scheduler / detokenizer process it spawns, before parsing server arguments, so what it
 installs cannot depend on them; each piece limits itself instead:
-  - CPU: the oneDNN linears (cpu/linear.py) patch SGLang only under its CPU engine
-    (SGLANG_USE_CPU_ENGINE=1); the `domino_cpu` attention backend is only added to the registry
-    and the choices of `--attention-backend` (used when named, or by DOMINO on the CPU).
+  - CPU: the oneDNN linears (cpu/linear.py) and the lean Llama forward (cpu/forward.py) patch
+    SGLang only under its CPU engine (SGLANG_USE_CPU_ENGINE=1); the `domino_cpu` attention
+    backend is only added to the registry and the choices of `--attention-backend` (used when
+    named, or by DOMINO on the CPU).
   - DOMINO: the algorithm is registered so that `--speculative-algorithm DOMINO` parses; its
     hooks (algorithm.py: `clip_max_new_tokens`, `cumulate_penalties`,
     `refuse_unsupported_outputs`) return at once unless the server's speculative algorithm is
@@ -26,20 +27,22 @@ _registered = False
 
 
 def register() -> None:
-    """Register the CPU attention backend, the packed oneDNN CPU linears (cpu/linear.py, CPU
-    engine only), the DOMINO algorithm, the request / log guards (guards.py) with the access rules
-    (security.py), and the plugin's server flags (server_flags.py). Idempotent."""
+    """Register the CPU attention backend, the packed oneDNN CPU linears (cpu/linear.py) and
+    the lean Llama forward (cpu/forward.py), both CPU engine only, the DOMINO algorithm, the
+    request / log guards (guards.py) with the access rules (security.py), and the plugin's
+    server flags (server_flags.py). Idempotent."""
     global _registered
     if _registered:
         return
     from domino_sglang.algorithm import register_algorithm
-    from domino_sglang.cpu import linear
+    from domino_sglang.cpu import forward, linear
     from domino_sglang.cpu.attention import register_backend
     from domino_sglang.guards import register_guards
     from domino_sglang.server_flags import register as register_flags
 
     register_backend()
     linear.install()
+    forward.install()
     register_algorithm()
     register_guards()
     register_flags()

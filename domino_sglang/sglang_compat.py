@@ -132,6 +132,12 @@ LAZY: dict[str, str] = {
     "LogitsProcessor": "sglang.srt.layers.logits_processor",
     "UnquantizedEmbeddingMethod": "sglang.srt.layers.quantization.unquant",
     "UnquantizedLinearMethod": "sglang.srt.layers.quantization.unquant",
+    # cpu/forward.py: the model class whose forward it routes, and the classes it recognises
+    "LlamaModel": "sglang.srt.models.llama",
+    "LlamaDecoderLayer": "sglang.srt.models.llama",
+    "LlamaAttention": "sglang.srt.models.llama",
+    "LlamaMLP": "sglang.srt.models.llama",
+    "AuxHiddenStateList": "sglang.srt.layers.aux_hidden_states",
     # security.py: a route's auth level
     "AuthLevel": "sglang.srt.utils.auth",
     "_get_auth_level_from_app_and_scope": "sglang.srt.utils.auth",
@@ -239,6 +245,10 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.srt.layers.quantization.unquant.UnquantizedEmbeddingMethod": (
             "process_weights_after_loading",),
         "sglang.srt.layers.logits_processor.LogitsProcessor": ("_compute_lm_head",),
+        # cpu/forward.py: what the lean forward calls
+        "sglang.srt.models.llama.LlamaModel": ("forward",),
+        "sglang.srt.models.llama.LlamaAttention": ("forward_prepare_native",),
+        "sglang.srt.layers.aux_hidden_states.AuxHiddenStateList": ("capture",),
         # tp_shard, tp_broadcast, tp.vocab_range: the TP group and the lm_head's shard
         "sglang.srt.distributed.parallel_state.GroupCoordinator": ("broadcast_object",),
         # security.py
@@ -261,6 +271,17 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.srt.layers.radix_attention.RadixAttention": (
             "tp_q_head_num", "tp_k_head_num", "tp_v_head_num", "qk_head_dim", "v_head_dim",
             "scaling", "layer_id", "logit_cap", "is_cross_attention", "attn_type"),
+        # cpu/forward.py: the modules the lean forward walks
+        "sglang.srt.models.llama.LlamaModel": (
+            "embed_tokens", "layers", "start_layer", "end_layer", "norm", "pp_group",
+            "layers_to_capture"),
+        "sglang.srt.models.llama.LlamaDecoderLayer": (
+            "self_attn", "mlp", "input_layernorm", "post_attention_layernorm"),
+        "sglang.srt.models.llama.LlamaAttention": ("qkv_proj", "o_proj", "attn"),
+        "sglang.srt.models.llama.LlamaMLP": (
+            "gate_up_proj", "down_proj", "act_fn", "dual_gemm", "activation_quant"),
+        "sglang.srt.layers.dual_gemm.DualGemm": ("mode",),
+        "sglang.srt.layers.quantization.fp8_activation.DenseSiluAndMulQuant": ("enabled",),
         # cpu/linear.py: when SGLang itself would not run the plain lm_head matmul
         "sglang.srt.layers.logits_processor.LogitsProcessor": (
             "use_fp32_lm_head", "rl_on_policy_target"),

@@ -7,6 +7,7 @@ import dataclasses
 import importlib
 import importlib.metadata
 import inspect
+import re
 import subprocess
 import sys
 
@@ -61,7 +62,10 @@ def test_attributes_exist(path, names):
 @pytest.mark.parametrize("path,names", sorted(sglang_compat.TOUCHPOINTS["init assigns"].items()))
 def test_init_assigns_attributes(path, names):
     source = inspect.getsource(_resolve(path).__init__)
-    assert [n for n in names if f"self.{n} =" not in source] == []
+    assigned = set(re.findall(r"self\.(\w+)\s*=(?!=)", source))  # self.a = ...
+    for targets in re.findall(r"^\s*(self\.\w+(?:\s*,\s*self\.\w+)+)\s*=", source, re.M):
+        assigned.update(re.findall(r"self\.(\w+)", targets))  # self.a, self.b = ...
+    assert [n for n in names if n not in assigned] == []
 
 
 @pytest.mark.parametrize("path,names", sorted(sglang_compat.TOUCHPOINTS["class assigns"].items()))
