@@ -138,6 +138,8 @@ LAZY: dict[str, str] = {
     "LlamaAttention": "sglang.srt.models.llama",
     "LlamaMLP": "sglang.srt.models.llama",
     "AuxHiddenStateList": "sglang.srt.layers.aux_hidden_states",
+    "RotaryEmbedding": "sglang.srt.layers.rotary_embedding.base",
+    "apply_rotary_emb": "sglang.srt.layers.rotary_embedding.utils",
     # security.py: a route's auth level
     "AuthLevel": "sglang.srt.utils.auth",
     "_get_auth_level_from_app_and_scope": "sglang.srt.utils.auth",
@@ -277,7 +279,10 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
             "layers_to_capture"),
         "sglang.srt.models.llama.LlamaDecoderLayer": (
             "self_attn", "mlp", "input_layernorm", "post_attention_layernorm"),
-        "sglang.srt.models.llama.LlamaAttention": ("qkv_proj", "o_proj", "attn"),
+        "sglang.srt.models.llama.LlamaAttention": (
+            "qkv_proj", "o_proj", "attn", "rotary_emb", "q_size", "kv_size", "head_dim"),
+        "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding": (
+            "head_size", "rotary_dim", "is_neox_style", "_apply_rotary_emb_wrapped"),
         "sglang.srt.models.llama.LlamaMLP": (
             "gate_up_proj", "down_proj", "act_fn", "dual_gemm", "activation_quant"),
         "sglang.srt.layers.dual_gemm.DualGemm": ("mode",),

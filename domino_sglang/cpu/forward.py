@@ -1,31 +1,40 @@
-"""A lean forward for SGLang's Llama decoder stack on the CPU engine: the same modules, fewer steps.
+"""A lean forward for SGLang's Llama decoder stack on the CPU engine: the same numbers, fewer steps.
 
 SGLang 0.5.23 runs each decoder layer through its layer-boundary machinery (stage boundaries, a
-residual stream on the forward batch, readouts that can fuse quantisation into a norm), built
-for multi-GPU layouts. On one CPU rank, unquantised, every boundary reduces to "add the
-residual, RMS-normalise", and its Python costs as much as the norm: at batch 1 a forward of
-SmolLM2-135M spent about a quarter of its time outside the layers' own modules. This forward
-walks the same stack, calling the same modules SGLang's would (the norms with the residual,
-`qkv_proj`, the rotary embedding, `RadixAttention` and so the server's attention backend,
-`o_proj`, `gate_up_proj`, the activation, `down_proj`, the final norm) in the same order on the
-same tensors, and captures the same auxiliary hidden states (the stream entering a captured
-layer, which a DFlash / DOMINO drafter reads); only the boundaries' bookkeeping is gone, so its
-outputs are SGLang's bit for bit (tests/test_cpu_forward.py checks it, float32 and bfloat16).
+residual stream on the forward batch, readouts that can fuse quantisation into a norm) and each
+projection through its parallel linear layers (sequence-parallel and symmetric-memory checks),
+built for multi-GPU layouts. On one CPU rank, unquantised, a boundary reduces to "add the
+residual, RMS-normalise", a projection to its matmul, and at batch 1 their Python costs as much
+as the small ops they wrap. This forward walks the same stack in the same order on the same
+tensors, with the same operations:
+  - the norms, `RadixAttention` (so the server's attention backend), the activation and the
+    final norm are SGLang's own modules;
+  - a projection runs the call cpu/linear.py's quant method would (the layer's oneDNN pack;
+    the module itself where it has none, or a bias);
+  - the rotary embedding's cos / sin are looked up and cast once per forward instead of once
+    per layer, and rotated by SGLang's own formula (`rotate`), where that is what the layers'
+    shared RotaryEmbedding would compute (`_shared_rope`); else each layer's own;
+  - the same auxiliary hidden states are captured (the stream entering a captured layer,
+    which a DFlash / DOMINO drafter reads).
+So its outputs are SGLang's bit for bit (tests/test_cpu_forward.py: served tokens and
+log-probabilities, float32).
 
-It takes a forward only where that reduction holds, decided once per model (`_lean_stack`):
-exactly SGLang's `LlamaModel` with its own `LlamaDecoderLayer` / `LlamaAttention` / `LlamaMLP`,
-unquantised linears, one tensor- and pipeline-parallel rank, no fused dual GEMM; and per call:
-no input embeddings, no pipeline proxy tensors. Everything else runs SGLang's own forward.
-Installed by the plugin under the CPU engine only (`install`), off with
-DOMINO_SGLANG_NO_LEAN_FORWARD=1.
+It takes a forward only where that holds, decided once per model (`_lean_stack`): exactly
+SGLang's `LlamaModel` with its own `LlamaDecoderLayer` / `LlamaAttention` / `LlamaMLP`,
+unquantised linears at one tensor-parallel rank, one pipeline stage, no fused dual GEMM; and per
+call: no input embeddings, no pipeline proxy tensors. Everything else runs SGLang's own forward,
+and the server log says which one a model got. Installed by the plugin under the CPU engine only
+(`install`), off with DOMINO_SGLANG_NO_LEAN_FORWARD=1.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import torch
 
+from domino_sglang.cpu import linear as cpu_linear
 from domino_sglang.cpu.bootstrap import env_switch
 
 logger = logging.getLogger(__name__)
@@ -35,8 +44,17 @@ STACK_ATTR = "_domino_lean_stack"  # per model: the layers' modules, or None (SG
 _installed = False
 
 
+class Stack(NamedTuple):
+    """What the lean forward walks: each layer's (input norm, attention, post-attention norm,
+    MLP), and the rotary embedding they share when `rotate` computes it as SGLang's does (None:
+    each layer's `forward_prepare_native`)."""
+
+    layers: list[tuple]
+    rope: object | None
+
+
 def lean_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch,
-                 layers: list, capture: frozenset[int]):
+                 layers: Stack, capture: frozenset[int]):
     """The decoder stack over `input_ids` [T] at `positions` [T]: the final normed hidden
     states [T, H], or (those, the captured aux hidden states) when `capture` names layers."""
     from domino_sglang.sglang_compat import AuxHiddenStateList
@@ -44,7 +62,8 @@ def lean_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, forwar
     hidden = model.embed_tokens(input_ids)  # [T, H]
     residual = None
     aux = AuxHiddenStateList()
-    for i, (input_norm, attn, post_norm, mlp) in enumerate(layers):
+    rope = rope_tables(layers.rope, positions, hidden.dtype) if layers.rope else None
+    for i, (input_norm, attn, post_norm, mlp) in enumerate(layers.layers):
         if residual is None:  # the first layer: the embeddings are the stream
             if i in capture:
                 aux.capture(hidden)
@@ -53,16 +72,65 @@ def lean_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, forwar
             hidden, residual = input_norm(hidden, residual)
             if i in capture:
                 aux.capture(residual)
-        q, k, v = attn.forward_prepare_native(positions, hidden)
-        hidden, _ = attn.o_proj(attn.attn(q, k, v, forward_batch))
+        if rope is None:
+            q, k, v = attn.forward_prepare_native(positions, hidden)
+        else:
+            qkv = project(attn.qkv_proj, hidden)
+            q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+            q, k = rotate(q, rope), rotate(k, rope)
+        hidden = project(attn.o_proj, attn.attn(q, k, v, forward_batch))
         hidden, residual = post_norm(hidden, residual)
-        gate_up, _ = mlp.gate_up_proj(hidden)
-        hidden, _ = mlp.down_proj(mlp.act_fn(gate_up))
+        hidden = project(mlp.down_proj, mlp.act_fn(project(mlp.gate_up_proj, hidden)))
     hidden, _ = model.norm(hidden, residual)
     return (hidden, aux) if capture else hidden
 
 
-def _lean_stack(model) -> list | None:
+def project(linear, x: torch.Tensor) -> torch.Tensor:
+    """linear(x)'s output at one rank: the layer's own oneDNN pack (cpu/linear.py) where its
+    quant method would use it, the same call, without the module's parallel bookkeeping; else
+    the layer itself."""
+    packed = cpu_linear.packed_for(linear, x)
+    if packed is None or linear.bias is not None:
+        return linear(x)[0]
+    return cpu_linear.packed_linear(x, packed)
+
+
+def rope_tables(rope, positions: torch.Tensor, dtype: torch.dtype) -> tuple:
+    """(cos, sin) [T, 1, D/2] in `dtype` at `positions` [T]: what SGLang's rotary embedding
+    looks up and casts in every layer (RotaryEmbedding.forward_native, apply_rotary_emb), once
+    per forward."""
+    cos, sin = rope.cos_sin_cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
+    return cos.unsqueeze(-2).to(dtype), sin.unsqueeze(-2).to(dtype)
+
+
+def rotate(x: torch.Tensor, tables: tuple) -> torch.Tensor:
+    """Neox-style rotary embedding of x [T, heads * D] over whole heads, the same operations in
+    the same dtype as SGLang's apply_rotary_emb (so the same bits)."""
+    cos, sin = tables
+    heads = x.view(x.shape[0], -1, cos.shape[-1] * 2)  # [T, heads, D]
+    x1, x2 = torch.chunk(heads, 2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).reshape(x.shape)
+
+
+def _shared_rope(attns: list):
+    """The rotary embedding every layer shares (SGLang's get_rope caches one per configuration)
+    when `rotate` is exactly what its forward computes on this runtime: SGLang's own
+    RotaryEmbedding class, neox style over whole heads, its plain apply_rotary_emb, and no
+    sgl_kernel CPU op to run instead (our stand-in is the one loaded). Else None."""
+    from domino_sglang.cpu import bootstrap
+    from domino_sglang.sglang_compat import RotaryEmbedding, apply_rotary_emb
+
+    rope = attns[0].rotary_emb
+    same = all(a.rotary_emb is rope for a in attns)
+    if not (same and bootstrap.is_active() and type(rope) is RotaryEmbedding):
+        return None
+    plain = (rope.is_neox_style and rope.rotary_dim == rope.head_size
+             and not hasattr(rope, "sin_cos_cache")
+             and rope._apply_rotary_emb_wrapped is apply_rotary_emb)
+    return rope if plain and all(a.head_dim == rope.head_size for a in attns) else None
+
+
+def _lean_stack(model) -> Stack | None:
     """The (input norm, attention, post-attention norm, MLP) of each layer when this model's
     forward reduces to `lean_forward`, else None."""
     from domino_sglang.sglang_compat import (
@@ -91,7 +159,7 @@ def _lean_stack(model) -> list | None:
         if mlp.dual_gemm.mode is not None or mlp.activation_quant.enabled:
             return None
         stack.append((layer.input_layernorm, attn, layer.post_attention_layernorm, mlp))
-    return stack
+    return Stack(stack, _shared_rope([attn for _, attn, _, _ in stack]))
 
 
 def install() -> bool:
@@ -110,9 +178,11 @@ def install() -> bool:
                 pp_proxy_tensors=None):
         if STACK_ATTR not in self.__dict__:
             self.__dict__[STACK_ATTR] = _lean_stack(self)
+            stack = self.__dict__[STACK_ATTR]
             logger.info("%s forward: %s", type(self).__name__,
-                        "lean (the boundaries' bookkeeping skipped)"
-                        if self.__dict__[STACK_ATTR] else "SGLang's own")
+                        "SGLang's own" if stack is None else
+                        "lean (the boundaries' bookkeeping skipped; rotary tables "
+                        + ("once per forward)" if stack.rope else "in every layer)"))
         layers = self.__dict__[STACK_ATTR]
         if layers is None or input_embeds is not None or pp_proxy_tensors is not None:
             return sglang_forward(self, input_ids, positions, forward_batch, input_embeds,
