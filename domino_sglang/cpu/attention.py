@@ -54,6 +54,9 @@ class AttentionPlan:
     [starts[b], starts[b] + new_lens[b]).
 
     prefix_locs  per request, [prefix_b] int64 KV-pool slots of its cached prefix
+    key_locs     per request, [prefix_b + new_b] int64 slots of all its keys (prefix, then the
+                 forward's own tokens, whose K/V the backend writes before attending), or None
+                 where the new tokens' slots are not known
     causal_mask  per request, KeyMask: causal (or the tree mask) inside the new tokens
     block_mask   per request, KeyMask: non-causal inside the new tokens (ENCODER_ONLY layers)
     """
@@ -63,6 +66,7 @@ class AttentionPlan:
     prefix_locs: list[torch.Tensor]
     causal_mask: list[KeyMask]
     block_mask: list[KeyMask]
+    key_locs: list[torch.Tensor] | None = None
 
 
 def build_plan(
@@ -71,6 +75,7 @@ def build_plan(
     prefix_lens: torch.Tensor,
     new_lens: torch.Tensor,
     custom_mask: torch.Tensor | None = None,
+    new_slots: torch.Tensor | None = None,
 ) -> AttentionPlan:
     """Plan a forward where request b has `prefix_lens[b]` cached tokens and `new_lens[b]` new
     tokens (laid out request after request in the forward's token order).
@@ -78,6 +83,9 @@ def build_plan(
     custom_mask: optional flat bool tree mask for the new tokens, either SGLang's QLEN_ONLY layout
     (bs x [N, N]) or FULL_MASK layout (per request [N, prefix + N], concatenated); it replaces the
     causal rule inside the new tokens (verification of token trees).
+    new_slots: optional [sum(new_lens)] KV-pool slots the new tokens' K/V are written to (the
+    forward's out_cache_loc): a forward that writes them before attending reads each request's
+    keys in one gather (plan.key_locs).
     """
     prefix = [int(x) for x in prefix_lens.tolist()]
     new = [int(x) for x in new_lens.tolist()]
@@ -86,12 +94,16 @@ def build_plan(
     for b in range(1, len(new)):
         starts[b] = starts[b - 1] + new[b - 1]
     prefix_locs = [req_to_token[r, :p].to(torch.int64) for r, p in zip(rows, prefix)]
-    every_key = KeyMask()
+    key_locs = None
+    if new_slots is not None and new_slots.shape[0] == sum(new):
+        slots = new_slots.to(torch.int64)
+        key_locs = [torch.cat([locs, slots[s : s + n]])
+                    for locs, s, n in zip(prefix_locs, starts, new)]
     if custom_mask is not None:
         trees = [KeyMask(m) for m in _unpack_custom_mask(custom_mask, prefix, new)]
-        return AttentionPlan(starts, new, prefix_locs, trees, trees)
+        return AttentionPlan(starts, new, prefix_locs, trees, trees, key_locs)
     causal = [_causal(p, n) for p, n in zip(prefix, new)]
-    return AttentionPlan(starts, new, prefix_locs, causal, [every_key] * len(new))
+    return AttentionPlan(starts, new, prefix_locs, causal, [KeyMask()] * len(new), key_locs)
 
 
 def _causal(prefix: int, n: int) -> KeyMask:
@@ -139,22 +151,30 @@ def paged_attention(
     plan: AttentionPlan,
     mask: list[KeyMask],
     scaling: float,
+    keys_written: bool = False,
 ) -> torch.Tensor:
     """Attention of the forward's tokens over (cached prefix ++ the forward's new K/V).
 
     q      [T, Hq, D]      k_new / v_new [T, Hkv, D] / [T, Hkv, Dv]
     k_cache [slots, Hkv, D] v_cache [slots, Hkv, Dv]
     mask   plan.causal_mask or plan.block_mask
+    keys_written: k_new / v_new are already in the caches at the plan's new slots, stored
+           unchanged (same dtype): each request's keys are then one gather (plan.key_locs)
     returns [T, Hq, Dv]
     """
+    in_cache = keys_written and plan.key_locs is not None
     dtype = q.dtype
     gqa = q.shape[1] != k_new.shape[1]
     out = q.new_empty(q.shape[0], q.shape[1], v_new.shape[2])
     for b, (s, n) in enumerate(zip(plan.starts, plan.new_lens)):
         if n == 0:
             continue
-        keys = _gather(k_cache, plan.prefix_locs[b], k_new[s : s + n]).to(dtype)  # [p+n, Hkv, D]
-        vals = _gather(v_cache, plan.prefix_locs[b], v_new[s : s + n]).to(dtype)
+        if in_cache:
+            keys = k_cache.index_select(0, plan.key_locs[b]).to(dtype)  # [p + n, Hkv, D]
+            vals = v_cache.index_select(0, plan.key_locs[b]).to(dtype)
+        else:
+            keys = _gather(k_cache, plan.prefix_locs[b], k_new[s : s + n]).to(dtype)
+            vals = _gather(v_cache, plan.prefix_locs[b], v_new[s : s + n]).to(dtype)
         if dtype != torch.float32:  # bf16 / fp16: in float32 through bmm (see _attend_fp32)
             out[s : s + n] = _attend_fp32(q[s : s + n], keys, vals, mask[b], scaling)
             continue
@@ -242,6 +262,7 @@ def _make_backend_class():
                 prefix,
                 new,
                 custom_mask,
+                forward_batch.out_cache_loc,
             )
 
         def _forward(self, q, k, v, layer, forward_batch, save_kv_cache):
@@ -249,7 +270,10 @@ def _make_backend_class():
                 raise NotImplementedError(
                     f"{BACKEND_NAME}: cross attention and logit soft-capping are not supported"
                 )
-            if save_kv_cache and k is not None:
+            k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+            v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+            written = save_kv_cache and k is not None
+            if written:
                 self.token_to_kv_pool.set_kv_buffer(
                     layer, KVWriteLoc.for_batch(forward_batch), k, v
                 )
@@ -263,11 +287,14 @@ def _make_backend_class():
                 q_,
                 k_,
                 v_,
-                self.token_to_kv_pool.get_key_buffer(layer.layer_id),
-                self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+                k_cache,
+                v_cache,
                 plan,
                 mask,
                 layer.scaling,
+                # stored unchanged where the pool keeps K/V in their own dtype (a quantised
+                # pool stores another)
+                keys_written=written and k_cache.dtype == k.dtype and v_cache.dtype == v.dtype,
             )
             return o.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
