@@ -110,6 +110,10 @@ METHODS: Mapping[str, Method] = MappingProxyType({
                                 {"DOMINO_SGLANG_NO_LEAN_FORWARD": "1"}),
     "domino-adaptive-sglang-forward": Method("DOMINO adaptive, SGLang's forward", _domino(),
                                              {"DOMINO_SGLANG_NO_LEAN_FORWARD": "1"}),
+    # the CPU server's memory on 4 KB pages (serve --cpu-hugepages off): what huge pages are worth
+    "ar-4k-pages": Method("AR, 4 KB pages", ("--no-speculation", "--cpu-hugepages", "off")),
+    "domino-adaptive-4k-pages": Method("DOMINO adaptive, 4 KB pages",
+                                       ("--drafter", "{drafter}", "--cpu-hugepages", "off")),
 })
 
 ALIASES: Mapping[str, str] = MappingProxyType({

@@ -106,6 +106,26 @@ def test_serve_passes_tp_size_and_shares_the_threads(monkeypatch, target_path):
     assert cli.build_serve_command(ns, [])[1]["SGLANG_CPU_OMP_THREADS_BIND"] == "1|0"
 
 
+def test_serve_backs_a_cpu_server_with_huge_pages_unless_told(monkeypatch, target_path):
+    """glibc.malloc.hugetlb=1 joins the user's GLIBC_TUNABLES (theirs kept, their own hugetlb
+    setting wins); --cpu-hugepages off leaves the environment alone; a GPU server is untouched."""
+    monkeypatch.setattr(cli, "_cuda_available", lambda: False)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    serve = ["serve", "--model-path", str(target_path)]
+    env = cli.build_serve_command(cli.make_parser().parse_args(serve), [])[1]
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    env = cli.build_serve_command(cli.make_parser().parse_args(serve), [])[1]
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")
+    env = cli.build_serve_command(cli.make_parser().parse_args(serve), [])[1]
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
+    off = cli.make_parser().parse_args([*serve, "--cpu-hugepages", "off"])
+    assert "GLIBC_TUNABLES" not in cli.build_serve_command(off, [])[1]
+    gpu = cli.make_parser().parse_args([*serve, "--device", "cuda"])
+    assert "GLIBC_TUNABLES" not in cli.build_serve_command(gpu, [])[1]
+
+
 def test_not_a_domino_drafter(target_path):
     with pytest.raises(DominoArgsError, match="field 'architectures'"):
         resolve_server_args(args(target_path))  # the target itself is no drafter
