@@ -50,10 +50,14 @@ def test_lean_forward_equals_sglangs_forward(ar_server_fp32, chat_ids):
     assert all(len(o["output_ids"]) == NEW_TOKENS for o in lean)  # really decoded
 
 
-def test_only_sglangs_own_llama_stack_is_taken():
+def test_only_sglangs_own_llama_stack_is_taken(monkeypatch):
     """A model whose layers are not exactly SGLang's Llama classes (a subclass may override a
-    forward), or that runs over pipeline stages, keeps SGLang's forward."""
+    forward), that runs over pipeline stages or over tensor-parallel ranks (its layer boundaries
+    all-reduce), keeps SGLang's forward."""
     pytest.importorskip("sglang")
+    from domino_sglang import sglang_compat
+
+    monkeypatch.setattr(sglang_compat, "tp_shard", lambda: None)
     other = types.SimpleNamespace(self_attn=object(), mlp=object())
     model = types.SimpleNamespace(pp_group=types.SimpleNamespace(world_size=1),
                                   layers=[other], start_layer=0, end_layer=1)
@@ -62,3 +66,43 @@ def test_only_sglangs_own_llama_stack_is_taken():
     assert forward._lean_stack(model) is None
     model.pp_group.world_size, model.layers, model.end_layer = 1, [], 0
     assert forward._lean_stack(model) is None
+    monkeypatch.setattr(sglang_compat, "tp_shard", lambda: "rank 0 of 2")
+    assert forward._lean_stack(_one_layer_llama()) is None
+
+
+def _one_layer_llama():
+    """A model _lean_stack takes at one rank: SGLang's own Llama classes, unquantised."""
+    from domino_sglang.sglang_compat import (
+        LlamaAttention,
+        LlamaDecoderLayer,
+        LlamaMLP,
+        UnquantizedLinearMethod,
+    )
+
+    def bare(cls, **fields):
+        obj = object.__new__(cls)
+        obj.__dict__.update(fields)
+        return obj
+
+    def linear():
+        return types.SimpleNamespace(quant_method=object.__new__(UnquantizedLinearMethod))
+
+    attn = bare(LlamaAttention, qkv_proj=linear(), o_proj=linear(), rotary_emb=object(),
+                head_dim=64)
+    mlp = bare(LlamaMLP, gate_up_proj=linear(), down_proj=linear(),
+               dual_gemm=types.SimpleNamespace(mode=None),
+               activation_quant=types.SimpleNamespace(enabled=False))
+    layer = bare(LlamaDecoderLayer, self_attn=attn, mlp=mlp, input_layernorm="in",
+                 post_attention_layernorm="post")
+    return types.SimpleNamespace(pp_group=types.SimpleNamespace(world_size=1), layers=[layer],
+                                 start_layer=0, end_layer=1)
+
+
+def test_a_one_rank_llama_stack_is_taken(monkeypatch):
+    """The positive case of the test above (the served test's server takes it too)."""
+    pytest.importorskip("sglang")
+    from domino_sglang import sglang_compat
+
+    monkeypatch.setattr(sglang_compat, "tp_shard", lambda: None)
+    stack = forward._lean_stack(_one_layer_llama())
+    assert stack is not None and len(stack.layers) == 1 and stack.rope is None

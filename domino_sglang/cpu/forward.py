@@ -138,10 +138,11 @@ def _lean_stack(model) -> Stack | None:
         LlamaDecoderLayer,
         LlamaMLP,
         UnquantizedLinearMethod,
+        tp_shard,
     )
 
     pp = getattr(model, "pp_group", None)
-    if pp is None or pp.world_size != 1:
+    if pp is None or pp.world_size != 1 or tp_shard() is not None:  # one stage, one TP rank
         return None
     layers = list(model.layers[model.start_layer:model.end_layer])
     if not layers:
@@ -153,8 +154,7 @@ def _lean_stack(model) -> Stack | None:
                 or type(mlp) is not LlamaMLP):
             return None
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if any(type(lin.quant_method) is not UnquantizedLinearMethod
-               or getattr(lin, "tp_size", 1) != 1 for lin in linears):
+        if any(type(lin.quant_method) is not UnquantizedLinearMethod for lin in linears):
             return None
         if mlp.dual_gemm.mode is not None or mlp.activation_quant.enabled:
             return None
