@@ -80,7 +80,8 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
         env["OMP_NUM_THREADS"] = str(max(1, args.threads // args.tp_size))
         if args.cpu_hugepages == "on":
             # glibc then advises transparent huge pages for the memory it maps (the weights, the
-            # KV pool): streaming the weights through 4 KB pages costs their read ~20% at batch 1
+            # KV pool): a decode step streams every weight, slower through 4 KB pages
+            # (docs/cpu-runtime.md)
             env["GLIBC_TUNABLES"] = with_tunable(os.environ.get("GLIBC_TUNABLES", ""),
                                                  "glibc.malloc.hugetlb", "1")
         if args.tp_size > 1:
