@@ -17,6 +17,7 @@ from pathlib import Path
 
 from domino_sglang import paths
 from domino_sglang.guards import flag_value, redact_command
+from domino_sglang.security import ADMIN_API_KEY_ENV, API_KEY_ENV, key_from_environment
 from domino_sglang.server_flags import GUARDS_FLAG
 
 
@@ -82,8 +83,9 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
             # glibc then advises transparent huge pages for the memory it maps (the weights, the
             # KV pool): a decode step streams every weight, slower through 4 KB pages
             # (docs/cpu-runtime.md)
-            env["GLIBC_TUNABLES"] = with_tunable(os.environ.get("GLIBC_TUNABLES", ""),
-                                                 "glibc.malloc.hugetlb", "1")
+            from domino_sglang.cpu.bootstrap import malloc_tunables_with_hugepages
+
+            env["GLIBC_TUNABLES"] = malloc_tunables_with_hugepages()
         if args.tp_size > 1:
             # SGLang asks for one core set per rank once there are more ranks than NUMA nodes
             env["SGLANG_CPU_OMP_THREADS_BIND"] = args.cpu_binding or cpu_binding(
@@ -111,14 +113,6 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
         if args.dtype:
             cmd += ["--dtype", args.dtype]
     return cmd + extra, env
-
-
-def with_tunable(tunables: str, name: str, value: str) -> str:
-    """GLIBC_TUNABLES with `name=value` added, unless it sets `name` already (the user's wins)."""
-    given = [t for t in tunables.split(":") if t]
-    if any(t.split("=", 1)[0] == name for t in given):
-        return tunables
-    return ":".join([*given, f"{name}={value}"])
 
 
 def cpu_binding(ranks: int, cores: list[int]) -> str:
@@ -631,11 +625,11 @@ def make_parser() -> argparse.ArgumentParser:
                         "GLIBC_TUNABLES; default on)")
     s.add_argument("--max-total-tokens", type=int, default=65536,
                    help="CPU KV pool size in tokens (default 65536)")
-    s.add_argument("--api-key", default=os.environ.get("DOMINO_SGLANG_API_KEY") or None,
+    s.add_argument("--api-key", default=key_from_environment(API_KEY_ENV),
                    help="require `Authorization: Bearer KEY` on the API (SGLang's --api-key; "
                         "default: env DOMINO_SGLANG_API_KEY; /health and /metrics stay open)")
     s.add_argument("--admin-api-key",
-                   default=os.environ.get("DOMINO_SGLANG_ADMIN_API_KEY") or None,
+                   default=key_from_environment(ADMIN_API_KEY_ENV),
                    help="the key of the admin routes (weight updates, cache flush, aborts, "
                         "profiling; SGLang's --admin-api-key; default: env "
                         "DOMINO_SGLANG_ADMIN_API_KEY); without it they answer 403. More HTTP "

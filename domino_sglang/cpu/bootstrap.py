@@ -29,6 +29,7 @@ _MODULES = {
     f"{STANDIN_NAME}.speculative": "SGL_KERNEL_SPECULATIVE_OPS",
 }
 DISABLE_ENV = "DOMINO_SGLANG_NO_CPU_KERNELS"
+HUGEPAGES_TUNABLE = "glibc.malloc.hugetlb"
 NCCL_ENV, NO_NCCL = "SGLANG_NCCL_SO_PATH", "none: the CPU engine communicates over gloo"
 
 
@@ -63,6 +64,16 @@ def env_switch(name: str) -> bool:
     environment that the CPU runtime reads (SGLANG_USE_CPU_ENGINE and our kill switches).
     DOMINO's serving options are flags (options.py), never environment variables."""
     return os.environ.get(name) == "1"
+
+
+def malloc_tunables_with_hugepages() -> str:
+    """This process's GLIBC_TUNABLES with glibc.malloc.hugetlb=1 added (glibc then advises
+    transparent huge pages for what it maps), unless it sets that tunable already (the user's
+    value wins); what `domino-sglang serve` hands a CPU server."""
+    given = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t]
+    if any(t.split("=", 1)[0] == HUGEPAGES_TUNABLE for t in given):
+        return ":".join(given)
+    return ":".join([*given, f"{HUGEPAGES_TUNABLE}=1"])
 
 
 def should_install() -> bool:

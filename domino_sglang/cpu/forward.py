@@ -54,7 +54,7 @@ class Stack(NamedTuple):
 
 
 def lean_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch,
-                 layers: Stack, capture: frozenset[int]):
+                 layers: Stack, capture: list[int]):
     """The decoder stack over `input_ids` [T] at `positions` [T]: the final normed hidden
     states [T, H], or (those, the captured aux hidden states) when `capture` names layers."""
     from domino_sglang.sglang_compat import AuxHiddenStateList
@@ -96,20 +96,21 @@ def project(linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def rope_tables(rope, positions: torch.Tensor, dtype: torch.dtype) -> tuple:
-    """(cos, sin) [T, 1, D/2] in `dtype` at `positions` [T]: what SGLang's rotary embedding
-    looks up and casts in every layer (RotaryEmbedding.forward_native, apply_rotary_emb), once
-    per forward."""
+    """(cos, sin) [T, D/2] in `dtype` at `positions` [T]: what SGLang's rotary embedding looks
+    up and casts in every layer (RotaryEmbedding.forward_native, apply_rotary_emb), once per
+    forward."""
     cos, sin = rope.cos_sin_cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
-    return cos.unsqueeze(-2).to(dtype), sin.unsqueeze(-2).to(dtype)
+    return cos.to(dtype), sin.to(dtype)
 
 
 def rotate(x: torch.Tensor, tables: tuple) -> torch.Tensor:
-    """Neox-style rotary embedding of x [T, heads * D] over whole heads, the same operations in
-    the same dtype as SGLang's apply_rotary_emb (so the same bits)."""
+    """Neox-style rotary embedding of x [T, heads * D] over whole heads: SGLang's own
+    apply_rotary_emb on the tables already in x's dtype (its cast is then a no-op)."""
+    from domino_sglang.sglang_compat import apply_rotary_emb
+
     cos, sin = tables
     heads = x.view(x.shape[0], -1, cos.shape[-1] * 2)  # [T, heads, D]
-    x1, x2 = torch.chunk(heads, 2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).reshape(x.shape)
+    return apply_rotary_emb(heads, cos, sin, True).reshape(x.shape)
 
 
 def _shared_rope(attns: list):
@@ -188,7 +189,7 @@ def install() -> bool:
             return sglang_forward(self, input_ids, positions, forward_batch, input_embeds,
                                   pp_proxy_tensors)
         return lean_forward(self, input_ids, positions, forward_batch, layers,
-                            frozenset(self.layers_to_capture))
+                            self.layers_to_capture)
 
     LlamaModel.forward = forward
     _installed = True
