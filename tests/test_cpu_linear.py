@@ -44,11 +44,11 @@ def test_two_bf16_rows_run_as_four(monkeypatch):
     """A bf16 input of 2 rows (oneDNN's slow row count) runs as 4 rows, its rows twice, the
     copies dropped: same shape and values as F.linear's (bf16 tolerance), 2-D and 3-D, with a
     bias; other row counts and fp32 run as they are."""
-    if linear.pack(torch.randn(8, 8, dtype=torch.bfloat16)) is None:
+    if linear.onednn_pack(torch.randn(8, 8, dtype=torch.bfloat16)) is None:
         pytest.skip("no oneDNN bf16 here")
     torch.manual_seed(2)
     w, b = torch.randn(1536, 576, dtype=torch.bfloat16) * 0.05, torch.randn(1536).bfloat16()
-    packed = linear.pack(w)
+    packed = linear.onednn_pack(w)
     seen = []
     real = linear._onednn_linear
     monkeypatch.setattr(linear, "_onednn_linear",
@@ -64,7 +64,7 @@ def test_two_bf16_rows_run_as_four(monkeypatch):
     for shape, dtype in [((1, 576), torch.bfloat16), ((3, 576), torch.bfloat16),
                          ((2, 576), torch.float32)]:
         weight = w.to(dtype)
-        linear.packed_linear(torch.randn(*shape, dtype=dtype), linear.pack(weight))
+        linear.packed_linear(torch.randn(*shape, dtype=dtype), linear.onednn_pack(weight))
     assert seen == [1, 3, 2]
 
 

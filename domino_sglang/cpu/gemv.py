@@ -1,0 +1,143 @@
+"""The bf16 linear kernel for few rows (gemv.c): built on first use with the machine's C
+compiler, loaded beside torch's OpenMP runtime, and its packed weights.
+
+Built once per source into `paths.home()/kernels` (a file named by the source's and the flags'
+hash, written under a temporary name and renamed, so ranks building at once do not collide).
+Unavailable, with the reason logged once, where there is no C compiler, the compiler lacks
+AVX512-BF16, the CPU lacks it, or DOMINO_SGLANG_NO_BF16_KERNEL=1; cpu/linear.py then keeps oneDNN.
+The library links libgomp, which resolves to the copy torch has already loaded, so its parallel
+loops run on torch's threads and follow torch.set_num_threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from domino_sglang import paths
+from domino_sglang.cpu.bootstrap import env_switch
+
+logger = logging.getLogger(__name__)
+
+DISABLE_ENV = "DOMINO_SGLANG_NO_BF16_KERNEL"
+SOURCE = Path(__file__).with_name("gemv.c")
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp",
+         "-shared", "-fPIC"]
+BLOCK = 32  # output features per packed block (gemv.c)
+
+_library: ctypes.CDLL | None = None
+_unavailable: str | None = None  # why the kernel is off, once decided
+
+
+@dataclasses.dataclass(frozen=True)
+class Packed:
+    """A bf16 weight [n, k] in gemv.c's blocked layout ([ceil(n/32)][k/2][32][2])."""
+    data: torch.Tensor  # [ceil(n / 32) * k * 32] bf16
+    n: int
+    k: int
+
+
+def available() -> bool:
+    """True when the kernel is built and loaded here (builds it on the first call)."""
+    return _load() is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernel is off (after `available()` said False), else None."""
+    return _unavailable
+
+
+def pack(weight: torch.Tensor) -> Packed | None:
+    """The weight [n, k] (bf16, CPU, k even) in the kernel's layout, or None where it can't
+    serve it (then the caller keeps its own path)."""
+    if (weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or weight.dim() != 2
+            or weight.shape[1] % 2 or not available()):
+        return None
+    n, k = weight.shape
+    dense = weight.detach().contiguous()
+    data = torch.empty(-(-n // BLOCK) * BLOCK * k, dtype=torch.bfloat16)
+    _library.domino_gemv_pack(dense.data_ptr(), n, k, data.data_ptr())
+    return Packed(data, n, k)
+
+
+def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., k] (bf16) @ W^T (+ bias [n]) -> [..., n] bf16, W given by `pack(W)`."""
+    if x.dtype != torch.bfloat16 or x.shape[-1] != packed.k:
+        raise ValueError(f"bf16 kernel: input {tuple(x.shape)} {x.dtype} does not fit a "
+                         f"[{packed.n}, {packed.k}] bf16 weight")
+    rows = x.reshape(-1, packed.k)  # a view where it can be one
+    if rows.stride(-1) != 1 or rows.stride(0) % 2:
+        rows = rows.contiguous()
+    if bias is not None:
+        bias = bias.to(torch.bfloat16).contiguous()
+    out = torch.empty(rows.shape[0], packed.n, dtype=torch.bfloat16)
+    _library.domino_gemv(rows.data_ptr(), rows.stride(0), packed.data.data_ptr(),
+                         None if bias is None else bias.data_ptr(), out.data_ptr(),
+                         rows.shape[0], packed.n, packed.k)
+    return out.reshape(*x.shape[:-1], packed.n)
+
+
+def _load() -> ctypes.CDLL | None:
+    global _library, _unavailable
+    if _library is not None or _unavailable is not None:
+        return _library
+    try:
+        _library = _open(_build())
+        logger.info("bf16 linears run on the AVX512-BF16 kernel (%s=1 to disable)", DISABLE_ENV)
+    except _Unavailable as why:
+        _unavailable = str(why)
+        logger.info("bf16 kernel unavailable (%s): bf16 linears stay on oneDNN", why)
+    return _library
+
+
+class _Unavailable(Exception):
+    pass
+
+
+def _build() -> Path:
+    if env_switch(DISABLE_ENV):
+        raise _Unavailable(f"{DISABLE_ENV}=1")
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise _Unavailable("no C compiler (cc) on PATH")
+    source = SOURCE.read_bytes()
+    digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
+    target = paths.home() / "kernels" / f"domino_gemv-{digest}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, scratch = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", scratch],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise _Unavailable(f"{Path(compiler).name} could not build {SOURCE.name}: {last}")
+        os.replace(scratch, target)
+        logger.info("built the bf16 kernel: %s", target)
+    finally:
+        if os.path.exists(scratch):
+            os.unlink(scratch)
+    return target
+
+
+def _open(path: Path) -> ctypes.CDLL:
+    library = ctypes.CDLL(str(path))
+    if not library.domino_gemv_supported():
+        raise _Unavailable("this CPU lacks AVX512-BF16")
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    library.domino_gemv_pack.argtypes = [pointer, size, size, pointer]
+    library.domino_gemv_pack.restype = None
+    library.domino_gemv.argtypes = [pointer, size, pointer, pointer, pointer, size, size, size]
+    library.domino_gemv.restype = None
+    return library
