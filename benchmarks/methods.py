@@ -114,11 +114,12 @@ METHODS: Mapping[str, Method] = MappingProxyType({
     "ar-4k-pages": Method("AR, 4 KB pages", ("--no-speculation", "--cpu-hugepages", "off")),
     "domino-adaptive-4k-pages": Method("DOMINO adaptive, 4 KB pages",
                                        ("--drafter", "{drafter}", "--cpu-hugepages", "off")),
-    # bf16 linears on oneDNN instead of the project's kernel (cpu/gemv.c): what the kernel is worth
-    "ar-onednn": Method("AR, oneDNN bf16 linears", ("--no-speculation",),
-                        {"DOMINO_SGLANG_NO_BF16_KERNEL": "1"}),
-    "domino-adaptive-onednn": Method("DOMINO adaptive, oneDNN bf16 linears", _domino(),
-                                     {"DOMINO_SGLANG_NO_BF16_KERNEL": "1"}),
+    # the native bf16 kernels off (cpu/native.c): linears on oneDNN, norms, rotary and
+    # attention as torch ops; what the kernels are worth
+    "ar-no-native": Method("AR, no native kernels", ("--no-speculation",),
+                           {"DOMINO_SGLANG_NO_NATIVE_KERNELS": "1"}),
+    "domino-adaptive-no-native": Method("DOMINO adaptive, no native kernels", _domino(),
+                                        {"DOMINO_SGLANG_NO_NATIVE_KERNELS": "1"}),
 })
 
 ALIASES: Mapping[str, str] = MappingProxyType({

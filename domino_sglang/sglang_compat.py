@@ -77,7 +77,7 @@ __all__ = [
     "register_draft_architecture", "register_hooks", "register_resolution_steps",
     "register_spec_algorithm",
     "sanitize_nan_logits", "supports_sampling_mask", "tp_all_gather", "tp_broadcast",
-    "tp_shard", "verify_graph_runtime",
+    "rmsnorm_uses_amx", "tp_shard", "verify_graph_runtime",
 ]  # plus the lazy re-exports of LAZY (not listed: `import *` would import them all)
 
 # The ScheduleBatch fields a plain round (decode_forward) sets for SGLang's own DECODE forward
@@ -140,6 +140,7 @@ LAZY: dict[str, str] = {
     "AuxHiddenStateList": "sglang.srt.layers.aux_hidden_states",
     "RotaryEmbedding": "sglang.srt.layers.rotary_embedding.base",
     "apply_rotary_emb": "sglang.srt.layers.rotary_embedding.utils",
+    "RMSNorm": "sglang.srt.layers.layernorm",
     # security.py: a route's auth level
     "AuthLevel": "sglang.srt.utils.auth",
     "_get_auth_level_from_app_and_scope": "sglang.srt.utils.auth",
@@ -227,6 +228,7 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.srt.arg_groups.overrides": ("declare_resolution",),
         "sglang.srt.managers.schedule_batch": ("get_request_return_hidden_states_mode",),
         "sglang.srt.managers.overlap_utils": ("FutureMap",),
+        "sglang.srt.layers.layernorm": ("_is_cpu_amx_available",),
         "sglang.srt.speculative.spec_registry": ("CustomSpecAlgo", "get_spec"),
         "sglang.srt.runtime_context._ConfigBag": ("override",),  # get_spec().override
         "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool": (
@@ -285,6 +287,10 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
             "head_size", "rotary_dim", "is_neox_style", "_apply_rotary_emb_wrapped"),
         "sglang.srt.models.llama.LlamaMLP": (
             "gate_up_proj", "down_proj", "act_fn", "dual_gemm", "activation_quant"),
+        # cpu/forward.py: the norm options that keep RMSNorm to the formula the native kernel runs
+        "sglang.srt.layers.layernorm.RMSNorm": (
+            "weight", "variance_epsilon", "has_weight", "cast_x_before_out_mul", "fp32_residual",
+            "override_orig_dtype", "variance_size_override"),
         "sglang.srt.layers.dual_gemm.DualGemm": ("mode",),
         "sglang.srt.layers.quantization.fp8_activation.DenseSiluAndMulQuant": ("enabled",),
         # cpu/linear.py: when SGLang itself would not run the plain lm_head matmul
@@ -354,6 +360,13 @@ def decode_graph_batch_sizes(device) -> tuple[int, ...]:
 
     decode = get_exec().graph.cuda_graph_config.decode
     return () if decode.backend == Backend.DISABLED else tuple(sorted(decode.bs))
+
+
+def rmsnorm_uses_amx() -> bool:
+    """Whether SGLang's RMSNorm runs sgl-kernel's AMX op on this CPU instead of forward_native."""
+    from sglang.srt.layers import layernorm
+
+    return bool(layernorm._is_cpu_amx_available)
 
 
 def tp_shard():

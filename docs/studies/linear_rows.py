@@ -1,6 +1,6 @@
 """bf16 linears by input rows, the project's kernel against oneDNN's: a forward's worth of
 SmolLM2-135M's linears (30 layers of q/k/v, o, gate/up, down, then the lm_head) over a few
-input rows, run by the bf16 kernel (cpu/gemv.c, as cpu/linear.py's packed_linear runs a bf16
+input rows, run by the bf16 kernel (cpu/native.c, as cpu/linear.py's packed_linear runs a bf16
 weight where the kernel builds) and by oneDNN's packed bf16 linear (packed_linear's fallback,
 2 rows run as 4), with the weights cold in cache (each weight read once per pass, as in a
 forward). Repeats interleave the variants so the machine's drift hits them alike; reported: the
@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # provenance, ..
 import provenance  # noqa: E402
 
-from domino_sglang.cpu import gemv, linear  # noqa: E402
+from domino_sglang.cpu import linear, native  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"  # docs/results: study outputs
 
@@ -46,7 +46,7 @@ def forward_pass(weights: list, head, rows: int, variant: int) -> float:
 
 def both_packs(weight: torch.Tensor) -> tuple:
     """(the kernel's pack, oneDNN's pack) of one bf16 weight."""
-    return gemv.pack(weight), linear.onednn_pack(weight)
+    return native.pack(weight), linear.onednn_pack(weight)
 
 
 def main() -> None:
@@ -60,8 +60,8 @@ def main() -> None:
     torch.set_num_threads(1)
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         sys.exit("linear_rows: oneDNN bf16 linears are not available on this machine")
-    if not gemv.available():
-        sys.exit(f"linear_rows: the bf16 kernel is not available: {gemv.unavailable_reason()}")
+    if not native.available():
+        sys.exit(f"linear_rows: the bf16 kernel is not available: {native.unavailable_reason()}")
     weights = [[both_packs(torch.randn(n, k, dtype=torch.bfloat16) * 0.02)
                 for n, k in LAYER_SHAPES] for _ in range(LAYERS)]
     head = both_packs(torch.randn(*HEAD_SHAPE, dtype=torch.bfloat16) * 0.02)

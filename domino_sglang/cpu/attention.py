@@ -14,10 +14,13 @@ Each request is attended on its own, over exactly its keys: per layer, its cache
 gathered from the KV pool through `req_to_token` straight into a [prefix + new, Hkv, D] buffer,
 its new K/V are appended, and one `scaled_dot_product_attention` call runs over it (GQA native,
 a bool mask only where one is needed; in bf16 / fp16 two float32 `bmm` calls instead, see
-`_attend_fp32`). The plan (slots and masks) is built once per forward and
-shared by all layers. On a CPU this per-request loop is the fast layout: reading the KV is what
-costs (memory-bound), and padding every request to the batch's longest prefix, as one batched
-call must, multiplies the bytes read. Microbenchmark, 1 thread, AMD EPYC, fp32, per layer
+`_attend_fp32`). Where a bf16 forward has just stored its K/V in the pool, the native kernel
+(native.c) reads each request's keys and values in place from their slots instead: one call per
+request, every query row on its own (a verify row attends as the plain step's row does). The
+plan (slots and masks) is built once per forward and shared by all layers. On a CPU this
+per-request loop is the fast layout: reading the KV is what costs (memory-bound), and padding
+every request to the batch's longest prefix, as one batched call must, multiplies the bytes
+read. Microbenchmark, 1 thread, AMD EPYC, fp32, per layer
 (9 query / 3 KV heads, D 64, scattered slots; the earlier padded batched layout -> this one):
 decode bs 64 with prefixes of 50..770 tokens 210 -> 29 ms, decode bs 32 with 60..200 tokens
 15.1 -> 4.4 ms, decode bs 1 with 300 tokens 0.38 -> 0.14 ms, 16-token verify at bs 16
@@ -35,6 +38,8 @@ from dataclasses import dataclass
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
+
+from domino_sglang.cpu import native
 
 BACKEND_NAME = "domino_cpu"
 
@@ -166,8 +171,15 @@ def paged_attention(
     dtype = q.dtype
     gqa = q.shape[1] != k_new.shape[1]
     out = q.new_empty(q.shape[0], q.shape[1], v_new.shape[2])
+    # bf16 keys read in place from the pool by the native kernel (native.py) where it runs
+    fused = (in_cache and dtype == torch.bfloat16 and k_cache.is_contiguous()
+             and v_cache.is_contiguous() and native.available())
     for b, (s, n) in enumerate(zip(plan.starts, plan.new_lens)):
         if n == 0:
+            continue
+        if fused:
+            native.attend(q[s : s + n], k_cache, v_cache, plan.key_locs[b], mask[b].mask,
+                          mask[b].causal, scaling, out[s : s + n])
             continue
         if in_cache:
             keys = k_cache.index_select(0, plan.key_locs[b]).to(dtype)  # [p + n, Hkv, D]

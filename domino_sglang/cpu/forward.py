@@ -19,6 +19,13 @@ tensors, with the same operations:
 So its outputs are SGLang's bit for bit (tests/test_cpu_forward.py: served tokens and
 log-probabilities, float32).
 
+In bf16, where the native kernels run (native.py), the residual adds with their RMS norms and
+the rotary embedding run there instead of as SGLang's chains of small torch ops: the same
+formulas per row, one pass each; the rotary's bits are SGLang's, a norm's can differ in an
+output's last bit (the order of its sum of squares), and every row's numbers are its own
+whatever else shares the forward, as with SGLang's (tests/test_cpu_native.py). The projections
+of a bf16 model then run on the native linear kernel through cpu/linear.py's packs.
+
 It takes a forward only where that holds, decided once per model (`_lean_stack`): exactly
 SGLang's `LlamaModel` with its own `LlamaDecoderLayer` / `LlamaAttention` / `LlamaMLP`,
 unquantised linears at one tensor-parallel rank, one pipeline stage, no fused dual GEMM; and per
@@ -35,6 +42,7 @@ from typing import NamedTuple
 import torch
 
 from domino_sglang.cpu import linear as cpu_linear
+from domino_sglang.cpu import native
 from domino_sglang.cpu.bootstrap import env_switch
 
 logger = logging.getLogger(__name__)
@@ -46,11 +54,13 @@ _installed = False
 
 class Stack(NamedTuple):
     """What the lean forward walks: each layer's (input norm, attention, post-attention norm,
-    MLP), and the rotary embedding they share when `rotate` computes it as SGLang's does (None:
-    each layer's `forward_prepare_native`)."""
+    MLP), the rotary embedding they share when `rotate` computes it as SGLang's does (None:
+    each layer's `forward_prepare_native`), and whether a bf16 forward runs the norms and that
+    rotary on the native kernels."""
 
     layers: list[tuple]
     rope: object | None
+    native: bool
 
 
 def lean_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch,
@@ -62,27 +72,44 @@ def lean_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, forwar
     hidden = model.embed_tokens(input_ids)  # [T, H]
     residual = None
     aux = AuxHiddenStateList()
+    fused = layers.native and hidden.dtype == torch.bfloat16  # norms and rotary: native kernels
+    norm = native_norm if fused else module_norm
     rope = rope_tables(layers.rope, positions, hidden.dtype) if layers.rope else None
     for i, (input_norm, attn, post_norm, mlp) in enumerate(layers.layers):
         if residual is None:  # the first layer: the embeddings are the stream
             if i in capture:
                 aux.capture(hidden)
-            residual, hidden = hidden, input_norm(hidden)
+            residual, hidden = hidden, norm(input_norm, hidden, None)[0]
         else:
-            hidden, residual = input_norm(hidden, residual)
+            hidden, residual = norm(input_norm, hidden, residual)
             if i in capture:
                 aux.capture(residual)
         if rope is None:
             q, k, v = attn.forward_prepare_native(positions, hidden)
         else:
-            qkv = project(attn.qkv_proj, hidden)
+            qkv = project(attn.qkv_proj, hidden)  # [T, q + 2 kv]
             q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
-            q, k = rotate(q, rope), rotate(k, rope)
+            if fused:
+                q, k = native.rope(q, *rope, attn.head_dim), native.rope(k, *rope, attn.head_dim)
+            else:
+                q, k = rotate(q, rope), rotate(k, rope)
         hidden = project(attn.o_proj, attn.attn(q, k, v, forward_batch))
-        hidden, residual = post_norm(hidden, residual)
+        hidden, residual = norm(post_norm, hidden, residual)
         hidden = project(mlp.down_proj, mlp.act_fn(project(mlp.gate_up_proj, hidden)))
-    hidden, _ = model.norm(hidden, residual)
+    hidden, _ = norm(model.norm, hidden, residual)
     return (hidden, aux) if capture else hidden
+
+
+def module_norm(module, hidden: torch.Tensor, residual: torch.Tensor | None) -> tuple:
+    """SGLang's RMSNorm module: (normed, new residual), residual None on the first layer."""
+    if residual is None:
+        return module(hidden), None
+    return module(hidden, residual)
+
+
+def native_norm(module, hidden: torch.Tensor, residual: torch.Tensor | None) -> tuple:
+    """The same norm on the native kernel (bf16; `_native_norms` said it computes the same)."""
+    return native.add_rmsnorm(hidden, residual, module.weight, module.variance_epsilon)
 
 
 def project(linear, x: torch.Tensor) -> torch.Tensor:
@@ -160,7 +187,23 @@ def _lean_stack(model) -> Stack | None:
         if mlp.dual_gemm.mode is not None or mlp.activation_quant.enabled:
             return None
         stack.append((layer.input_layernorm, attn, layer.post_attention_layernorm, mlp))
-    return Stack(stack, _shared_rope([attn for _, attn, _, _ in stack]))
+    rope = _shared_rope([attn for _, attn, _, _ in stack])
+    fused = rope is not None and native.available() and _native_norms(
+        [n for layer in stack for n in (layer[0], layer[2])] + [model.norm])
+    return Stack(stack, rope, fused)
+
+
+def _native_norms(norms: list) -> bool:
+    """Whether each norm is SGLang's plain RMSNorm run as `forward_native` here (no AMX kernel,
+    weight in the model's dtype, none of its cast / fp32-residual / partial-variance options):
+    the formula native.add_rmsnorm computes."""
+    from domino_sglang.sglang_compat import RMSNorm, rmsnorm_uses_amx
+
+    if rmsnorm_uses_amx():
+        return False
+    return all(type(n) is RMSNorm and n.has_weight and not n.cast_x_before_out_mul
+               and not n.fp32_residual and n.override_orig_dtype is None
+               and n.variance_size_override is None for n in norms)
 
 
 def install() -> bool:
@@ -183,7 +226,9 @@ def install() -> bool:
             logger.info("%s forward: %s", type(self).__name__,
                         "SGLang's own" if stack is None else
                         "lean (the boundaries' bookkeeping skipped; rotary tables "
-                        + ("once per forward)" if stack.rope else "in every layer)"))
+                        + ("once per forward" if stack.rope else "in every layer")
+                        + ("; bf16 norms and rotary on the native kernels)" if stack.native
+                           else ")"))
         layers = self.__dict__[STACK_ATTR]
         if layers is None or input_embeds is not None or pp_proxy_tensors is not None:
             return sglang_forward(self, input_ids, positions, forward_batch, input_embeds,

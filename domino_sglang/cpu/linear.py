@@ -1,5 +1,5 @@
 """Packed weights for SGLang's unquantized linear layers and lm_head on CPU: oneDNN's blocked
-layout, or for bf16 weights the project's few-row kernel (gemv.c) where it runs.
+layout, or for bf16 weights the native few-row kernel (native.c) where it runs.
 
 On the CPU engine SGLang 0.5.23 runs every dense projection as `F.linear` / `torch.matmul`,
 i.e. MKL, unless the CPU build of sgl-kernel (Intel AMX only) is installed. On these AMD
@@ -20,10 +20,10 @@ among others (M >= 2), fp32 and bf16 alike, so a verify's MLP output can
 differ from a plain step's in the last bits; the fp32 exactness tests hold on real prompts
 (a flipped argmax needs a near-tie).
 
-bf16 weights go to the kernel of gemv.c where it builds and the CPU has AVX512-BF16: it streams
-the weights about twice as fast as oneDNN's bf16 kernel at 1-6 rows and is no slower up to
-prefill sizes (docs/studies/linear_rows.py), and every row is row-invariant, the down projection
-included. Elsewhere, and for fp32, oneDNN as above.
+bf16 weights go to the native linear kernel (native.c) where it builds and the CPU has
+AVX512-BF16: it streams the weights about twice as fast as oneDNN's bf16 kernel at 1-6 rows and
+is no slower up to prefill sizes (docs/studies/linear_rows.py), and every row is row-invariant,
+the down projection included. Elsewhere, and for fp32, oneDNN as above.
 
 How it plugs in (SGLang internals, all in `install()`, imported through sglang_compat.py):
 `UnquantizedLinearMethod` and `UnquantizedEmbeddingMethod.process_weights_after_loading` (called
@@ -43,7 +43,7 @@ import logging
 
 import torch
 
-from domino_sglang.cpu import gemv
+from domino_sglang.cpu import native
 from domino_sglang.cpu.bootstrap import env_switch
 
 logger = logging.getLogger(__name__)
@@ -64,11 +64,11 @@ def supported(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor | gemv.Packed | None:
+def pack(weight: torch.Tensor) -> torch.Tensor | native.Packed | None:
     """The weight [N, K] packed for `packed_linear`: a bf16 weight in the bf16 kernel's layout
-    where that kernel runs here (gemv.py), else reordered into oneDNN's blocked layout (an
+    where that kernel runs here (native.py), else reordered into oneDNN's blocked layout (an
     opaque tensor); None where neither can serve it."""
-    packed = gemv.pack(weight) if weight.dtype == torch.bfloat16 else None
+    packed = native.pack(weight) if weight.dtype == torch.bfloat16 else None
     return packed if packed is not None else onednn_pack(weight)
 
 
@@ -86,12 +86,12 @@ def onednn_pack(weight: torch.Tensor) -> torch.Tensor | None:
 PADDED_ROWS = {2: 4}  # bf16 inputs of this many rows run as that many (their rows repeated)
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor | gemv.Packed,
+def packed_linear(x: torch.Tensor, packed: torch.Tensor | native.Packed,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ W^T (+ bias) -> [..., N], W given by `pack(W)`; on oneDNN a bf16 input of 2
     rows runs as 4, its rows twice, the copies dropped from the output (PADDED_ROWS)."""
-    if isinstance(packed, gemv.Packed):
-        return gemv.linear(x, packed, bias)
+    if isinstance(packed, native.Packed):
+        return native.linear(x, packed, bias)
     width = x.shape[-1]
     rows = x.numel() // width if width else 0
     padded = PADDED_ROWS.get(rows) if x.dtype == torch.bfloat16 else None

@@ -1,10 +1,12 @@
-"""The bf16 linear kernel for few rows (gemv.c): built on first use with the machine's C
-compiler, loaded beside torch's OpenMP runtime, and its packed weights.
+"""The CPU runtime's native bf16 kernels (native.c): built on first use with the machine's C
+compiler, loaded beside torch's OpenMP runtime; the linears' packed weights, the residual add
+with RMS norm, the rotary embedding.
 
 Built once per source into `paths.home()/kernels` (a file named by the source's and the flags'
 hash, written under a temporary name and renamed, so ranks building at once do not collide).
 Unavailable, with the reason logged once, where there is no C compiler, the compiler lacks
-AVX512-BF16, the CPU lacks it, or DOMINO_SGLANG_NO_BF16_KERNEL=1; cpu/linear.py then keeps oneDNN.
+AVX512-BF16, the CPU lacks it, or DOMINO_SGLANG_NO_NATIVE_KERNELS=1; bf16 linears then stay on
+oneDNN (cpu/linear.py) and the norms and rotary on SGLang's modules (cpu/forward.py).
 The library links libgomp, which resolves to the copy torch has already loaded, so its parallel
 loops run on torch's threads and follow torch.set_num_threads.
 """
@@ -28,11 +30,11 @@ from domino_sglang.cpu.bootstrap import env_switch
 
 logger = logging.getLogger(__name__)
 
-DISABLE_ENV = "DOMINO_SGLANG_NO_BF16_KERNEL"
-SOURCE = Path(__file__).with_name("gemv.c")
+DISABLE_ENV = "DOMINO_SGLANG_NO_NATIVE_KERNELS"
+SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp",
          "-shared", "-fPIC"]
-BLOCK = 32  # output features per packed block (gemv.c)
+BLOCK = 32  # output features per packed block (native.c)
 
 _library: ctypes.CDLL | None = None
 _unavailable: str | None = None  # why the kernel is off, once decided
@@ -40,7 +42,7 @@ _unavailable: str | None = None  # why the kernel is off, once decided
 
 @dataclasses.dataclass(frozen=True)
 class Packed:
-    """A bf16 weight [n, k] in gemv.c's blocked layout ([ceil(n/32)][k/2][32][2])."""
+    """A bf16 weight [n, k] in native.c's blocked layout ([ceil(n/32)][k/2][32][2])."""
     data: torch.Tensor  # [ceil(n / 32) * k * 32] bf16
     n: int
     k: int
@@ -72,7 +74,7 @@ def pack(weight: torch.Tensor) -> Packed | None:
 def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., k] (bf16) @ W^T (+ bias [n]) -> [..., n] bf16, W given by `pack(W)`."""
     if x.dtype != torch.bfloat16 or x.shape[-1] != packed.k:
-        raise ValueError(f"bf16 kernel: input {tuple(x.shape)} {x.dtype} does not fit a "
+        raise ValueError(f"native linear: input {tuple(x.shape)} {x.dtype} does not fit a "
                          f"[{packed.n}, {packed.k}] bf16 weight")
     rows = x.reshape(-1, packed.k)  # a view where it can be one
     if rows.stride(-1) != 1 or rows.stride(0) % 2:
@@ -86,16 +88,63 @@ def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) ->
     return out.reshape(*x.shape[:-1], packed.n)
 
 
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """SGLang's RMSNorm.forward_native over bf16 x [T, H] (+ residual [T, H]) with weight [H]:
+    (the normed rows, bf16(x + residual) or None), as new tensors."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    residual_out = None
+    if residual is not None:
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x)
+    _library.domino_add_rmsnorm(
+        x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(), eps,
+        out.data_ptr(), None if residual_out is None else residual_out.data_ptr(), x.shape[0],
+        x.shape[1])
+    return out, residual_out
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int) -> torch.Tensor:
+    """SGLang's neox-style apply_rotary_emb over every head of bf16 x [T, heads * dim] (rows may
+    be a strided view), cos / sin [T, dim / 2] bf16: a new [T, heads * dim]."""
+    tokens, width = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()  # halves of the cache's rows: views
+    out = torch.empty(tokens, width, dtype=torch.bfloat16)
+    _library.domino_rope(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(),
+                         out.data_ptr(), tokens, width // dim, dim)
+    return out
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, locs: torch.Tensor,
+           mask: torch.Tensor | None, causal: bool, scaling: float, out: torch.Tensor) -> None:
+    """Attention of q [n, Hq, D] over the keys / values at KV-pool slots locs [keys] (int64) of
+    k_cache [slots, Hkv, D] / v_cache [slots, Hkv, Dv] (bf16, contiguous), written into out
+    [n, Hq, Dv] (bf16, contiguous): mask [n, keys] bool (True = may attend) where given, else
+    causal (query i sees keys up to keys - n + i) or every key."""
+    n, hq, d = q.shape
+    q = q.contiguous()
+    if mask is not None:
+        mask = mask.contiguous()
+    _library.domino_attend(
+        q.data_ptr(), n, hq, d, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[1],
+        v_cache.shape[2], locs.data_ptr(), locs.shape[0],
+        None if mask is None else mask.data_ptr(), int(causal), scaling, out.data_ptr())
+
+
 def _load() -> ctypes.CDLL | None:
     global _library, _unavailable
     if _library is not None or _unavailable is not None:
         return _library
     try:
         _library = _open(_build())
-        logger.info("bf16 linears run on the AVX512-BF16 kernel (%s=1 to disable)", DISABLE_ENV)
+        logger.info("bf16 linears, norms and rotary run on the native AVX512-BF16 kernels "
+                    "(%s=1 to disable)", DISABLE_ENV)
     except _Unavailable as why:
         _unavailable = str(why)
-        logger.info("bf16 kernel unavailable (%s): bf16 linears stay on oneDNN", why)
+        logger.info("native kernels unavailable (%s): bf16 linears stay on oneDNN", why)
     return _library
 
 
@@ -111,7 +160,7 @@ def _build() -> Path:
         raise _Unavailable("no C compiler (cc) on PATH")
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
-    target = paths.home() / "kernels" / f"domino_gemv-{digest}.so"
+    target = paths.home() / "kernels" / f"domino_native-{digest}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -124,7 +173,7 @@ def _build() -> Path:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise _Unavailable(f"{Path(compiler).name} could not build {SOURCE.name}: {last}")
         os.replace(scratch, target)
-        logger.info("built the bf16 kernel: %s", target)
+        logger.info("built the native kernels: %s", target)
     finally:
         if os.path.exists(scratch):
             os.unlink(scratch)
@@ -133,11 +182,20 @@ def _build() -> Path:
 
 def _open(path: Path) -> ctypes.CDLL:
     library = ctypes.CDLL(str(path))
-    if not library.domino_gemv_supported():
+    if not library.domino_native_supported():
         raise _Unavailable("this CPU lacks AVX512-BF16")
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     library.domino_gemv_pack.argtypes = [pointer, size, size, pointer]
     library.domino_gemv_pack.restype = None
     library.domino_gemv.argtypes = [pointer, size, pointer, pointer, pointer, size, size, size]
     library.domino_gemv.restype = None
+    library.domino_add_rmsnorm.argtypes = [pointer, pointer, pointer, ctypes.c_float, pointer,
+                                           pointer, size, size]
+    library.domino_add_rmsnorm.restype = None
+    library.domino_rope.argtypes = [pointer, size, pointer, pointer, pointer, size, size, size]
+    library.domino_rope.restype = None
+    library.domino_attend.argtypes = [pointer, size, size, size, pointer, pointer, size, size,
+                                      pointer, size, pointer, ctypes.c_int, ctypes.c_float,
+                                      pointer]
+    library.domino_attend.restype = None
     return library
