@@ -15,8 +15,10 @@ gathered from the KV pool through `req_to_token` straight into a [prefix + new, 
 its new K/V are appended, and one `scaled_dot_product_attention` call runs over it (GQA native,
 a bool mask only where one is needed; in bf16 / fp16 two float32 `bmm` calls instead, see
 `_attend_fp32`). Where a bf16 forward has just stored its K/V in the pool, the native kernel
-(native.c) reads each request's keys and values in place from their slots instead: one call per
-request, every query row on its own (a verify row attends as the plain step's row does). The
+(native.c) reads each request's keys and values in place from their slots instead, for a
+request of at most 16 new tokens (a decode step, a verify, a short extend; longer prefills keep
+the batched matmuls, faster there): one call per request, every query row on its own (a verify
+row attends as the plain step's row does). The
 plan (slots and masks) is built once per forward and shared by all layers. On a CPU this
 per-request loop is the fast layout: reading the KV is what costs (memory-bound), and padding
 every request to the batch's longest prefix, as one batched call must, multiplies the bytes
@@ -173,11 +175,13 @@ def paged_attention(
     out = q.new_empty(q.shape[0], q.shape[1], v_new.shape[2])
     # bf16 keys read in place from the pool by the native kernel (native.py) where it runs
     fused = (in_cache and dtype == torch.bfloat16 and k_cache.is_contiguous()
-             and v_cache.is_contiguous() and native.available())
+             and v_cache.is_contiguous() and native.available()
+             and native.attention_fits(q.shape[2], v_cache.shape[2], q.shape[1],
+                                       k_cache.shape[1]))
     for b, (s, n) in enumerate(zip(plan.starts, plan.new_lens)):
         if n == 0:
             continue
-        if fused:
+        if fused and n <= native.ATTEND_MAX_QUERIES:
             native.attend(q[s : s + n], k_cache, v_cache, plan.key_locs[b], mask[b].mask,
                           mask[b].causal, scaling, out[s : s + n])
             continue

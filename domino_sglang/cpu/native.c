@@ -181,55 +181,137 @@ void domino_rope(const uint16_t *x, int64_t stride, const uint16_t *cos, const u
     }
 }
 
+/* e^x for x <= 0 (16 lanes): x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-6 Taylor
+   polynomial (relative error under 2e-7), scaled by 2^n; 0 below -87 (and for -inf) */
+static inline __m512 exp_nonpositive(__m512 x) {
+    const __m512 floor = _mm512_set1_ps(-87.0f);
+    __mmask16 tiny = _mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ);
+    x = _mm512_max_ps(x, floor);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_mov_ps((__mmask16)~tiny, _mm512_scalef_ps(p, n));
+}
+
+/* 16 bf16 -> 16 fp32 */
+static inline __m512 widen16(const uint16_t *src) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)src);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* r[k] = the sum of v[k]'s 16 lanes, for 16 vectors at once: a tree of interleaves (32-bit,
+   64-bit, then 128-bit lanes), the same order for every k */
+static inline __m512 sum16(const __m512 v[16]) {
+    __m512 a[8], b[4], c[2];
+    for (int k = 0; k < 8; k++)
+        a[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]),
+                             _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+    for (int k = 0; k < 4; k++) {
+        __m512d x = _mm512_castps_pd(a[2 * k]), y = _mm512_castps_pd(a[2 * k + 1]);
+        b[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    for (int k = 0; k < 2; k++)
+        c[k] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88),
+                         _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+}
+
+#define MAX_CHUNKS 16 /* head dims up to 256, in 16-lane chunks */
+#define MAX_GROUP 16  /* query heads per KV head */
+
 /* Attention of n queries q [n, hq, d] over the keys and values at the KV-pool slots locs[keys]
-   (caches [slots, hkv, d] / [slots, hkv, dv]), query head h reading KV head h / (hq / hkv):
-   out [n, hq, dv] = softmax(scaling * q k^T) v, in fp32, rounded once to bf16. Which keys query
-   i sees: mask [n, keys] (nonzero = may attend) where given, else the causal rule (key j for
-   j <= keys - n + i) where `causal`, else all. A query that sees no key gets zeros. */
+   (caches [slots, hkv, d] / [slots, hkv, dv], d a multiple of 32 and dv of 16, up to 256; the
+   q.k dot products by VDPBF16PS, 16 keys at a time), query head h
+   reading KV head h / (hq / hkv): out [n, hq, dv] = softmax(scaling * q k^T) v in fp32, rounded
+   once to bf16. Which keys query i sees: mask [n, keys] (nonzero = may attend) where given,
+   else the causal rule (key j for j <= keys - n + i) where `causal`, else all. A query that sees
+   no key gets zeros. Each (query, KV head) is computed on its own, in one order. */
 void domino_attend(const uint16_t *q, int64_t n, int64_t hq, int64_t d, const uint16_t *k_cache,
                    const uint16_t *v_cache, int64_t hkv, int64_t dv, const int64_t *locs,
                    int64_t keys, const uint8_t *mask, int causal, float scaling, uint16_t *out) {
-    int64_t group = hq / hkv;
+    int64_t group = hq / hkv, pairs = d / 32, vchunks = dv / 16;
 #pragma omp parallel for collapse(2) schedule(static) if (n * hkv >= 8)
     for (int64_t i = 0; i < n; i++)
         for (int64_t kh = 0; kh < hkv; kh++) {
             int64_t visible = causal ? keys - n + i + 1 : keys;
+            if (visible < 0) visible = 0;
             const uint8_t *allowed = mask ? mask + i * keys : NULL;
-            float qf[group][d], acc[group][dv], top[group], total[group];
-            float *scores = malloc(sizeof(float) * (size_t)(group * (visible > 0 ? visible : 1)));
+            __m512bh qh[MAX_GROUP][MAX_CHUNKS / 2];
+            __m512 acc[MAX_GROUP][MAX_CHUNKS];
+            float top[MAX_GROUP], total[MAX_GROUP];
+            /* scores[g][j], padded to 16 lanes with -inf */
+            int64_t padded = (visible + 15) / 16 * 16;
+            float *scores = aligned_alloc(64, sizeof(float) * (size_t)(group * padded + 16));
             for (int64_t g = 0; g < group; g++) {
                 const uint16_t *qr = q + (i * hq + kh * group + g) * d;
-                for (int64_t t = 0; t < d; t++) qf[g][t] = widen(qr[t]);
+                for (int64_t c = 0; c < pairs; c++)
+                    qh[g][c] = (__m512bh)_mm512_loadu_si512((const void *)(qr + 32 * c));
+                for (int64_t c = 0; c < vchunks; c++) acc[g][c] = _mm512_setzero_ps();
                 top[g] = -INFINITY;
-                total[g] = 0.0f;
-                for (int64_t t = 0; t < dv; t++) acc[g][t] = 0.0f;
+                for (int64_t j = visible; j < padded; j++) scores[g * padded + j] = -INFINITY;
             }
-            for (int64_t j = 0; j < visible; j++) {
-                const uint16_t *kr = k_cache + (locs[j] * hkv + kh) * d;
+            for (int64_t j0 = 0; j0 < visible; j0 += 16) {
+                int64_t count = visible - j0 < 16 ? visible - j0 : 16;
+                const uint16_t *rows[16];
+                for (int u = 0; u < 16; u++)  /* past the last key: key j0 again, dropped */
+                    rows[u] = k_cache + (locs[j0 + (u < count ? u : 0)] * hkv + kh) * d;
                 for (int64_t g = 0; g < group; g++) {
-                    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                    for (int64_t t = 0; t < d; t++) dot += qf[g][t] * widen(kr[t]);
-                    float s = (allowed && !allowed[j]) ? -INFINITY : dot * scaling;
-                    scores[g * visible + j] = s;
-                    if (s > top[g]) top[g] = s;
+                    __m512 lanes[16];
+                    for (int u = 0; u < 16; u++) {
+                        __m512 dot = _mm512_setzero_ps();
+                        for (int64_t c = 0; c < pairs; c++)
+                            dot = _mm512_dpbf16_ps(
+                                dot, (__m512bh)_mm512_loadu_si512((const void *)(rows[u] + 32 * c)),
+                                qh[g][c]);
+                        lanes[u] = dot;
+                    }
+                    float dots[16];
+                    _mm512_storeu_ps(dots, _mm512_mul_ps(sum16(lanes), _mm512_set1_ps(scaling)));
+                    for (int64_t u = 0; u < count; u++) {
+                        float sc = (allowed && !allowed[j0 + u]) ? -INFINITY : dots[u];
+                        scores[g * padded + j0 + u] = sc;
+                        if (sc > top[g]) top[g] = sc;
+                    }
                 }
+            }
+            for (int64_t g = 0; g < group; g++) {
+                float *sg = scores + g * padded;
+                __m512 sum = _mm512_setzero_ps(), m = _mm512_set1_ps(top[g]);
+                if (top[g] == -INFINITY) m = _mm512_setzero_ps();
+                for (int64_t j = 0; j < padded; j += 16) {
+                    __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_load_ps(sg + j), m));
+                    _mm512_store_ps(sg + j, e);
+                    sum = _mm512_add_ps(sum, e);
+                }
+                total[g] = _mm512_reduce_add_ps(sum);
             }
             for (int64_t j = 0; j < visible; j++) {
                 const uint16_t *vr = v_cache + (locs[j] * hkv + kh) * dv;
+                __m512 vf[MAX_CHUNKS];
+                for (int64_t c = 0; c < vchunks; c++) vf[c] = widen16(vr + 16 * c);
                 for (int64_t g = 0; g < group; g++) {
-                    float s = scores[g * visible + j];
-                    if (s == -INFINITY) continue;
-                    float e = expf(s - top[g]);
-                    total[g] += e;
-#pragma omp simd
-                    for (int64_t t = 0; t < dv; t++) acc[g][t] += e * widen(vr[t]);
+                    __m512 e = _mm512_set1_ps(scores[g * padded + j]);
+                    for (int64_t c = 0; c < vchunks; c++)
+                        acc[g][c] = _mm512_fmadd_ps(e, vf[c], acc[g][c]);
                 }
             }
             for (int64_t g = 0; g < group; g++) {
                 uint16_t *o = out + (i * hq + kh * group + g) * dv;
-                float inv = total[g] > 0.0f ? 1.0f / total[g] : 0.0f;
-                for (int64_t t = 0; t < dv; t++) o[t] = narrow(acc[g][t] * inv);
+                __m512 inv = _mm512_set1_ps(total[g] > 0.0f ? 1.0f / total[g] : 0.0f);
+                for (int64_t c = 0; c < vchunks; c++) {
+                    __m256i packed = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[g][c], inv));
+                    _mm256_storeu_si256((__m256i *)(o + 16 * c), packed);
+                }
             }
             free(scores);
         }

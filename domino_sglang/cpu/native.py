@@ -35,6 +35,9 @@ SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp",
          "-shared", "-fPIC"]
 BLOCK = 32  # output features per packed block (native.c)
+# requests of up to this many queries attend here (decode steps and verifies: a query costs about
+# as much alone as among others, so the batched matmuls of a long prefill are faster)
+ATTEND_MAX_QUERIES = 16
 
 _library: ctypes.CDLL | None = None
 _unavailable: str | None = None  # why the kernel is off, once decided
@@ -118,12 +121,19 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int) -> tor
     return out
 
 
+def attention_fits(head_dim: int, value_dim: int, q_heads: int, kv_heads: int) -> bool:
+    """Whether `attend` serves these shapes: a head dim a multiple of 32 and a value dim of 16,
+    both up to 256, at most 16 query heads per KV head (native.c's register tiles)."""
+    return (head_dim % 32 == 0 and value_dim % 16 == 0 and 0 < head_dim <= 256
+            and 0 < value_dim <= 256 and q_heads % kv_heads == 0 and q_heads // kv_heads <= 16)
+
+
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, locs: torch.Tensor,
            mask: torch.Tensor | None, causal: bool, scaling: float, out: torch.Tensor) -> None:
     """Attention of q [n, Hq, D] over the keys / values at KV-pool slots locs [keys] (int64) of
-    k_cache [slots, Hkv, D] / v_cache [slots, Hkv, Dv] (bf16, contiguous), written into out
-    [n, Hq, Dv] (bf16, contiguous): mask [n, keys] bool (True = may attend) where given, else
-    causal (query i sees keys up to keys - n + i) or every key."""
+    k_cache [slots, Hkv, D] / v_cache [slots, Hkv, Dv] (bf16, contiguous; `attention_fits`),
+    written into out [n, Hq, Dv] (bf16, contiguous): mask [n, keys] bool (True = may attend)
+    where given, else causal (query i sees keys up to keys - n + i) or every key."""
     n, hq, d = q.shape
     q = q.contiguous()
     if mask is not None:
