@@ -84,19 +84,21 @@ class DraftAttention(nn.Module):
         self.q_norm = RMSNorm(d, conf.rms_norm_eps)
         self.k_norm = RMSNorm(d, conf.rms_norm_eps)
         self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None  # see shard
+        # apply_rope, or the same rotation on the CPU runtime's native kernel (cpu/native.py)
+        self.rotate: Callable[[torch.Tensor, Rope], torch.Tensor] = apply_rope
 
     def kv(self, x: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V of inputs x [T, H] -> k, v [T, Hkv, D] (k normed and rotated)."""
         t = x.shape[0]
         k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        return apply_rope(k, rope), v
+        return self.rotate(k, rope), v
 
     def forward(self, x: torch.Tensor, rope: Rope, attend: Attend, layer_idx: int
                 ) -> torch.Tensor:
         t = x.shape[0]
         q = self.q_norm(self.q_proj(x).view(t, self.num_heads, self.head_dim))
-        q = apply_rope(q, rope)
+        q = self.rotate(q, rope)
         k, v = self.kv(x, rope)
         out = attend(layer_idx, q, k, v)  # [T, Hq, D]
         out = self.o_proj(out.reshape(t, self.num_heads * self.head_dim))

@@ -33,6 +33,7 @@ from domino_sglang.config import (
 from domino_sglang.context import DeferredContext
 from domino_sglang.cpu import argmax as cpu_argmax
 from domino_sglang.cpu import linear as cpu_linear
+from domino_sglang.cpu import native as cpu_native
 from domino_sglang.drafter import DominoDrafter
 from domino_sglang.graphs import RolloutGraphs, verify_widths
 from domino_sglang.lookup import PromptLookup
@@ -163,6 +164,7 @@ class DominoWorker(BaseSpecWorker):
             drafter = self.draft_model.drafter
             cpu_linear.pack_linears(drafter.fc)
             cpu_linear.pack_linears(drafter.layers)
+            cpu_native.fuse_drafter(drafter)  # bf16: its norms and rotary too
         base_layout = "over replicated draft rows"  # what a TP round gathers (tp.py)
         if shard is not None and head.vocab is None:  # this rank's logits, gathered
             local = head.base_linear or functools.partial(F.linear, weight=lm_head)

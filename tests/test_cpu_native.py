@@ -236,3 +236,45 @@ def test_bf16_domino_is_plain_decoding_token_for_token(ar_server_bf16, chat_ids)
             together = list(pool.map(lambda ids: _greedy(s, ids, tokens), prompts))
     assert alone == plain and together == plain
     assert all(len(o) == tokens for o in plain)
+
+
+@needs_native
+@torch.no_grad()
+def test_a_bf16_drafter_on_the_native_kernels_computes_what_it_did():
+    """fuse_drafter swaps a bf16 drafter's norms and rotary for the native kernels: its
+    rotations are apply_rope's bits, its norms within a bf16 step of model.RMSNorm's, so its
+    context K/V and backbone output stay within bf16 noise of the torch modules', the state
+    dict unchanged; an fp32 drafter is left alone."""
+    from domino_sglang.config import parse_draft_config
+    from domino_sglang.model import DominoDrafter, apply_rope, rope_cos_sin
+    from tests.test_drafter_loading import UPSTREAM_LIKE
+
+    torch.manual_seed(8)
+    rope = rope_cos_sin(torch.arange(40, 47), 64, 1e6)
+    x = (torch.randn(7, 5, 64) * 3).bfloat16()
+    assert torch.equal(native.rope_f32(x, rope), apply_rope(x, rope))
+
+    conf = parse_draft_config(UPSTREAM_LIKE, "/tmp/d")
+    fp32 = DominoDrafter(conf).eval()
+    assert not native.fuse_drafter(fp32)
+    drafter = DominoDrafter(conf).eval().to(torch.bfloat16)
+    for name, p in drafter.named_parameters():  # norms off 1, so their weights matter
+        if name.endswith("norm.weight"):
+            p.copy_(torch.rand_like(p.float()) + 0.5)
+    feats = torch.randn(9, drafter.fc.in_features).bfloat16()
+    positions = torch.arange(9)
+    block = torch.randn(4, conf.hidden_size).bfloat16()
+
+    def attend(i, q, k, v):
+        return v.repeat_interleave(q.shape[1] // v.shape[1], dim=1) + q  # shapes only
+
+    before = drafter.context_kv(feats, positions), drafter.backbone(block, positions[:4], attend)
+    state = {k: v.clone() for k, v in drafter.state_dict().items()}
+    assert native.fuse_drafter(drafter)
+    assert type(drafter.norm).__name__ == "NativeRMSNorm"
+    after = drafter.context_kv(feats, positions), drafter.backbone(block, positions[:4], attend)
+    assert all(torch.equal(v, state[k]) for k, v in drafter.state_dict().items())
+    for (k0, v0), (k1, v1) in zip(before[0], after[0]):
+        torch.testing.assert_close(k1.float(), k0.float(), atol=0.05, rtol=0.02)
+        assert torch.equal(v1, v0)  # no norm, no rotation
+    torch.testing.assert_close(after[1].float(), before[1].float(), atol=0.05, rtol=0.02)

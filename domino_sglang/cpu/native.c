@@ -316,3 +316,26 @@ void domino_attend(const uint16_t *q, int64_t n, int64_t hq, int64_t d, const ui
             free(scores);
         }
 }
+
+/* Rotate-half rotary embedding with fp32 tables, as the drafter's apply_rope computes it:
+   x [tokens, heads * dim] (bf16, rows `stride` apart), cos / sin [tokens, dim] (fp32, the two
+   halves' angles), out = bf16(x * cos + rotate_half(x) * sin), each product and the sum
+   rounded to fp32 (no fused multiply-add: built with -ffp-contract=off) */
+void domino_rope_f32(const uint16_t *x, int64_t stride, const float *cos, const float *sin,
+                     uint16_t *out, int64_t tokens, int64_t heads, int64_t dim) {
+    int64_t half = dim / 2;
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *c = cos + t * dim, *s = sin + t * dim;
+        for (int64_t h = 0; h < heads; h++) {
+            const uint16_t *x1 = x + t * stride + h * dim, *x2 = x1 + half;
+            uint16_t *o1 = out + (t * heads + h) * dim, *o2 = o1 + half;
+            for (int64_t i = 0; i < half; i++) {
+                float a = widen(x1[i]), b = widen(x2[i]);
+                float p = a * c[i], r = -b * s[i];
+                o1[i] = narrow(p + r);
+                float p2 = b * c[half + i], r2 = a * s[half + i];
+                o2[i] = narrow(p2 + r2);
+            }
+        }
+    }
+}

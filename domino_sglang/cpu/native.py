@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import hashlib
 import logging
 import os
@@ -32,8 +33,9 @@ logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "DOMINO_SGLANG_NO_NATIVE_KERNELS"
 SOURCE = Path(__file__).with_name("native.c")
+# -ffp-contract=off: a product and a sum round as torch's separate ops do (no fused multiply-add)
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp",
-         "-shared", "-fPIC"]
+         "-ffp-contract=off", "-shared", "-fPIC"]
 BLOCK = 32  # output features per packed block (native.c)
 # requests of up to this many queries attend here (decode steps and verifies: a query costs about
 # as much alone as among others, so the batched matmuls of a long prefill are faster)
@@ -121,6 +123,45 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int) -> tor
     return out
 
 
+def rope_f32(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The drafter's apply_rope (model.py) over bf16 x [T, heads, D] with its fp32 tables
+    (cos, sin) [T, 1, D]: a new [T, heads, D] bf16, the same roundings (fp32 products and sum,
+    then bf16)."""
+    tokens, heads, dim = x.shape
+    x = x.contiguous()
+    cos, sin = (t.contiguous() for t in rope)
+    out = torch.empty_like(x)
+    _library.domino_rope_f32(x.data_ptr(), heads * dim, cos.data_ptr(), sin.data_ptr(),
+                             out.data_ptr(), tokens, heads, dim)
+    return out
+
+
+def fuse_drafter(drafter: torch.nn.Module) -> bool:
+    """Run a bf16 drafter's RMS norms and rotary embeddings (model.py) on the native kernels,
+    in place: each bf16 RMSNorm becomes a native one (the same formula, one pass), each
+    attention rotates with `rope_f32`. True if done (bf16 weights, kernels built here)."""
+    from domino_sglang.model import DraftAttention, RMSNorm
+
+    if drafter.fc.weight.dtype != torch.bfloat16 or not available():
+        return False
+    for module in drafter.modules():
+        if type(module) is RMSNorm and module.weight.dtype == torch.bfloat16:
+            module.__class__ = _native_rmsnorm_class(RMSNorm)
+        elif isinstance(module, DraftAttention):
+            module.rotate = rope_f32
+    return True
+
+
+@functools.cache
+def _native_rmsnorm_class(base: type) -> type:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])  # [rows, D]: a norm over the last dim
+        return add_rmsnorm(rows, None, self.weight, self.eps)[0].view(x.shape)
+
+    return type("NativeRMSNorm", (base,), {"forward": forward, "__doc__": (
+        "model.RMSNorm over bf16 rows on the native kernel (cpu/native.py fuse_drafter).")})
+
+
 def attention_fits(head_dim: int, value_dim: int, q_heads: int, kv_heads: int) -> bool:
     """Whether `attend` serves these shapes: a head dim a multiple of 32 and a value dim of 16,
     both up to 256, at most 16 query heads per KV head (native.c's register tiles)."""
@@ -204,6 +245,8 @@ def _open(path: Path) -> ctypes.CDLL:
     library.domino_add_rmsnorm.restype = None
     library.domino_rope.argtypes = [pointer, size, pointer, pointer, pointer, size, size, size]
     library.domino_rope.restype = None
+    library.domino_rope_f32.argtypes = library.domino_rope.argtypes
+    library.domino_rope_f32.restype = None
     library.domino_attend.argtypes = [pointer, size, size, size, pointer, pointer, size, size,
                                       pointer, size, pointer, ctypes.c_int, ctypes.c_float,
                                       pointer]
