@@ -141,6 +141,7 @@ LAZY: dict[str, str] = {
     "RotaryEmbedding": "sglang.srt.layers.rotary_embedding.base",
     "apply_rotary_emb": "sglang.srt.layers.rotary_embedding.utils",
     "RMSNorm": "sglang.srt.layers.layernorm",
+    "SiluAndMul": "sglang.srt.layers.activation",
     # security.py: a route's auth level
     "AuthLevel": "sglang.srt.utils.auth",
     "_get_auth_level_from_app_and_scope": "sglang.srt.utils.auth",
@@ -229,6 +230,7 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.srt.managers.schedule_batch": ("get_request_return_hidden_states_mode",),
         "sglang.srt.managers.overlap_utils": ("FutureMap",),
         "sglang.srt.layers.layernorm": ("_is_cpu_amx_available",),
+        "sglang.srt.layers.activation": ("_is_cpu_amx_available",),
         "sglang.srt.speculative.spec_registry": ("CustomSpecAlgo", "get_spec"),
         "sglang.srt.runtime_context._ConfigBag": ("override",),  # get_spec().override
         "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool": (
@@ -363,10 +365,11 @@ def decode_graph_batch_sizes(device) -> tuple[int, ...]:
 
 
 def rmsnorm_uses_amx() -> bool:
-    """Whether SGLang's RMSNorm runs sgl-kernel's AMX op on this CPU instead of forward_native."""
-    from sglang.srt.layers import layernorm
+    """Whether SGLang's RMSNorm and SiluAndMul run sgl-kernel's AMX ops on this CPU instead of
+    their forward_native."""
+    from sglang.srt.layers import activation, layernorm
 
-    return bool(layernorm._is_cpu_amx_available)
+    return bool(layernorm._is_cpu_amx_available or activation._is_cpu_amx_available)
 
 
 def tp_shard():

@@ -152,6 +152,23 @@ def test_norm_is_sglangs_forward_native():
 
 
 @needs_native
+def test_silu_mul_is_sglangs_forward_native():
+    """SiluAndMul.forward_native's formula, F.silu(gate) * up in bf16, from a strided view of
+    the gate/up projection: equal but where the exponential's last fp32 bit moves a rounding
+    (at most one bf16 step, rarely); large gates of either sign included (e^-g overflows)."""
+    torch.manual_seed(9)
+    wide = (torch.randn(5, 2 * 1536 + 64) * 4).bfloat16()
+    wide[0, :8] = torch.tensor([100.0, -100.0, 0.0, -0.0, 88.0, -90.0, 1e-3, -1e-3])
+    x = wide[:, :2 * 1536]  # rows 2 * 1536 + 64 apart
+    want = F.silu(x[..., :1536]) * x[..., 1536:]
+    got = native.silu_mul(x)
+    steps = (got.float() - want.float()).abs() / (want.float().abs() * 2.0 ** -7 + 1e-30)
+    assert got.shape == want.shape
+    assert float(steps.max()) <= 1.0 and float((got != want).float().mean()) < 0.01
+    assert torch.equal(got[0, :8], want[0, :8])
+
+
+@needs_native
 def test_rotary_is_sglangs_apply_rotary_emb_bit_for_bit():
     """Neox rotary over every head of q and k, read straight out of the fused qkv projection
     (a strided view), equals SGLang's apply_rotary_emb on the same bf16 tables."""
@@ -230,7 +247,7 @@ def test_bf16_domino_is_plain_decoding_token_for_token(ar_server_bf16, chat_ids)
     prompts, tokens = chat_ids[:4], 40
     plain = [_greedy(ar_server_bf16, ids, tokens) for ids in prompts]
     with start_server("domino-bf16", ["--dtype", "bfloat16", "--max-total-tokens", "16384"]) as s:
-        assert "norms and rotary on the native kernels" in s.log()
+        assert "norms, rotary and activation on the native kernels" in s.log()
         alone = [_greedy(s, ids, tokens) for ids in prompts]
         with ThreadPoolExecutor(4) as pool:
             together = list(pool.map(lambda ids: _greedy(s, ids, tokens), prompts))

@@ -19,10 +19,11 @@ tensors, with the same operations:
 So its outputs are SGLang's bit for bit (tests/test_cpu_forward.py: served tokens and
 log-probabilities, float32).
 
-In bf16, where the native kernels run (native.py), the residual adds with their RMS norms and
-the rotary embedding run there instead of as SGLang's chains of small torch ops: the same
-formulas per row, one pass each; the rotary's bits are SGLang's, a norm's can differ in an
-output's last bit (the order of its sum of squares), and every row's numbers are its own
+In bf16, where the native kernels run (native.py), the residual adds with their RMS norms, the
+rotary embedding and the MLP's SiLU-and-mul run there instead of as SGLang's chains of small
+torch ops: the same formulas per row, one pass each; the rotary's bits are SGLang's, a norm's
+or an activation's can differ in an output's last bit (the order of a norm's sum of squares,
+the exponential's last fp32 bit), and every row's numbers are its own
 whatever else shares the forward, as with SGLang's (tests/test_cpu_native.py). The projections
 of a bf16 model then run on the native linear kernel through cpu/linear.py's packs.
 
@@ -95,7 +96,8 @@ def lean_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, forwar
                 q, k = rotate(q, rope), rotate(k, rope)
         hidden = project(attn.o_proj, attn.attn(q, k, v, forward_batch))
         hidden, residual = norm(post_norm, hidden, residual)
-        hidden = project(mlp.down_proj, mlp.act_fn(project(mlp.gate_up_proj, hidden)))
+        gate_up = project(mlp.gate_up_proj, hidden)  # [T, 2 I]
+        hidden = project(mlp.down_proj, native.silu_mul(gate_up) if fused else mlp.act_fn(gate_up))
     hidden, _ = norm(model.norm, hidden, residual)
     return (hidden, aux) if capture else hidden
 
@@ -188,22 +190,24 @@ def _lean_stack(model) -> Stack | None:
             return None
         stack.append((layer.input_layernorm, attn, layer.post_attention_layernorm, mlp))
     rope = _shared_rope([attn for _, attn, _, _ in stack])
-    fused = rope is not None and native.available() and _native_norms(
-        [n for layer in stack for n in (layer[0], layer[2])] + [model.norm])
+    fused = rope is not None and native.available() and _native_formulas(
+        [n for layer in stack for n in (layer[0], layer[2])] + [model.norm],
+        [layer[3].act_fn for layer in stack])
     return Stack(stack, rope, fused)
 
 
-def _native_norms(norms: list) -> bool:
-    """Whether each norm is SGLang's plain RMSNorm run as `forward_native` here (no AMX kernel,
-    weight in the model's dtype, none of its cast / fp32-residual / partial-variance options):
-    the formula native.add_rmsnorm computes."""
-    from domino_sglang.sglang_compat import RMSNorm, rmsnorm_uses_amx
+def _native_formulas(norms: list, activations: list) -> bool:
+    """Whether each norm is SGLang's plain RMSNorm and each activation its SiluAndMul, run as
+    their `forward_native` here (no AMX kernel; no cast / fp32-residual / partial-variance
+    option on a norm): the formulas native.add_rmsnorm and native.silu_mul compute."""
+    from domino_sglang.sglang_compat import RMSNorm, SiluAndMul, rmsnorm_uses_amx
 
     if rmsnorm_uses_amx():
         return False
-    return all(type(n) is RMSNorm and n.has_weight and not n.cast_x_before_out_mul
-               and not n.fp32_residual and n.override_orig_dtype is None
-               and n.variance_size_override is None for n in norms)
+    plain_norms = all(type(n) is RMSNorm and n.has_weight and not n.cast_x_before_out_mul
+                      and not n.fp32_residual and n.override_orig_dtype is None
+                      and n.variance_size_override is None for n in norms)
+    return plain_norms and all(type(a) is SiluAndMul for a in activations)
 
 
 def install() -> bool:
@@ -227,7 +231,8 @@ def install() -> bool:
                         "SGLang's own" if stack is None else
                         "lean (the boundaries' bookkeeping skipped; rotary tables "
                         + ("once per forward" if stack.rope else "in every layer")
-                        + ("; bf16 norms and rotary on the native kernels)" if stack.native
+                        + ("; bf16 norms, rotary and activation on the native kernels)"
+                           if stack.native
                            else ")"))
         layers = self.__dict__[STACK_ATTR]
         if layers is None or input_embeds is not None or pp_proxy_tensors is not None:

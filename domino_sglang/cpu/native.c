@@ -181,12 +181,13 @@ void domino_rope(const uint16_t *x, int64_t stride, const uint16_t *cos, const u
     }
 }
 
-/* e^x for x <= 0 (16 lanes): x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-6 Taylor
-   polynomial (relative error under 2e-7), scaled by 2^n; 0 below -87 (and for -inf) */
-static inline __m512 exp_nonpositive(__m512 x) {
-    const __m512 floor = _mm512_set1_ps(-87.0f);
+/* e^x (16 lanes): x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial
+   (relative error under 2e-7), scaled by 2^n; 0 below -87 (and for -inf), inf above 88.7 */
+static inline __m512 exp_ps(__m512 x) {
+    const __m512 floor = _mm512_set1_ps(-87.0f), ceiling = _mm512_set1_ps(88.7f);
     __mmask16 tiny = _mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ);
-    x = _mm512_max_ps(x, floor);
+    __mmask16 huge = _mm512_cmp_ps_mask(x, ceiling, _CMP_GT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, floor), ceiling);
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
@@ -198,13 +199,44 @@ static inline __m512 exp_nonpositive(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_mov_ps((__mmask16)~tiny, _mm512_scalef_ps(p, n));
+    __m512 e = _mm512_maskz_mov_ps((__mmask16)~tiny, _mm512_scalef_ps(p, n));
+    return _mm512_mask_mov_ps(e, huge, _mm512_set1_ps(INFINITY));
 }
 
 /* 16 bf16 -> 16 fp32 */
 static inline __m512 widen16(const uint16_t *src) {
     __m256i h = _mm256_loadu_si256((const __m256i *)src);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* 16 fp32 rounded to bf16 (nearest even) and back */
+static inline __m512 round16(__m512 v) {
+    __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* SGLang's SiluAndMul.forward_native over rows of x [rows, 2d] (bf16, `stride` apart):
+   out [rows, d] = bf16(bf16(silu(gate)) * up), silu(g) = g / (1 + e^-g) in fp32 */
+void domino_silu_mul(const uint16_t *x, int64_t stride, uint16_t *out, int64_t rows,
+                     int64_t d) {
+#pragma omp parallel for schedule(static) if (rows >= 64)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *gate = x + r * stride, *up = gate + d;
+        uint16_t *o = out + r * d;
+        int64_t j = 0;
+        for (; j + 16 <= d; j += 16) {
+            __m512 g = widen16(gate + j);
+            __m512 one = _mm512_set1_ps(1.0f);
+            __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(
+                                                                 _mm512_setzero_ps(), g))));
+            __m512 prod = _mm512_mul_ps(round16(silu), widen16(up + j));
+            _mm256_storeu_si256((__m256i *)(o + j), (__m256i)_mm512_cvtneps_pbh(prod));
+        }
+        for (; j < d; j++) {
+            float g = widen(gate[j]);
+            o[j] = narrow(widen(narrow(g / (1.0f + expf(-g)))) * widen(up[j]));
+        }
+    }
 }
 
 /* r[k] = the sum of v[k]'s 16 lanes, for 16 vectors at once: a tree of interleaves (32-bit,
@@ -289,7 +321,7 @@ void domino_attend(const uint16_t *q, int64_t n, int64_t hq, int64_t d, const ui
                 __m512 sum = _mm512_setzero_ps(), m = _mm512_set1_ps(top[g]);
                 if (top[g] == -INFINITY) m = _mm512_setzero_ps();
                 for (int64_t j = 0; j < padded; j += 16) {
-                    __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_load_ps(sg + j), m));
+                    __m512 e = exp_ps(_mm512_sub_ps(_mm512_load_ps(sg + j), m));
                     _mm512_store_ps(sg + j, e);
                     sum = _mm512_add_ps(sum, e);
                 }

@@ -1,6 +1,6 @@
 """The CPU runtime's native bf16 kernels (native.c): built on first use with the machine's C
 compiler, loaded beside torch's OpenMP runtime; the linears' packed weights, the residual add
-with RMS norm, the rotary embedding.
+with RMS norm, the rotary embedding, SiLU-and-mul, attention.
 
 Built once per source into `paths.home()/kernels` (a file named by the source's and the flags'
 hash, written under a temporary name and renamed, so ranks building at once do not collide).
@@ -120,6 +120,16 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int) -> tor
     out = torch.empty(tokens, width, dtype=torch.bfloat16)
     _library.domino_rope(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(),
                          out.data_ptr(), tokens, width // dim, dim)
+    return out
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """SGLang's SiluAndMul.forward_native over bf16 x [T, 2d] (gate, then up): [T, d]."""
+    rows, width = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty(rows, width // 2, dtype=torch.bfloat16)
+    _library.domino_silu_mul(x.data_ptr(), x.stride(0), out.data_ptr(), rows, width // 2)
     return out
 
 
@@ -247,6 +257,8 @@ def _open(path: Path) -> ctypes.CDLL:
     library.domino_rope.restype = None
     library.domino_rope_f32.argtypes = library.domino_rope.argtypes
     library.domino_rope_f32.restype = None
+    library.domino_silu_mul.argtypes = [pointer, size, pointer, size, size]
+    library.domino_silu_mul.restype = None
     library.domino_attend.argtypes = [pointer, size, size, size, pointer, pointer, size, size,
                                       pointer, size, pointer, ctypes.c_int, ctypes.c_float,
                                       pointer]
