@@ -156,7 +156,7 @@ class DominoWorker(BaseSpecWorker):
             lm_head, start, end, vocab.to(lm_head.device), shard.all_reduce))
         if torch.device(self.device).type == "cpu":  # the CPU runtime's exact, faster argmax
             kernels.install(argmax=cpu_argmax.argmax)
-        if cpu_linear.is_active():  # the base logits of B-1 positions, packed (oneDNN)
+        if cpu_linear.is_active():  # the base logits of B-1 positions, packed (cpu/linear.py)
             rows = lm_head if head.vocab is None else head.vocab_lm_head
             head.base_linear = functools.partial(cpu_linear.packed_linear,
                                                  packed=cpu_linear.pack(rows))

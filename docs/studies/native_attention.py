@@ -82,7 +82,7 @@ def main() -> None:
         err = float((outs["native"].float() - outs["torch"].float()).abs().max())
         med = {k: statistics.median(v[1:]) for k, v in times.items()}
         rows.append({"case": label, "bs": bs, "new": new, "native_us": round(med["native"], 1),
-                     "torch_us": round(med["torch"], 1), "max_abs_diff": round(err, 4)})
+                     "torch_us": round(med["torch"], 1), "max_abs_diff": float(f"{err:.2g}")})
     prov = provenance.collect()
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(

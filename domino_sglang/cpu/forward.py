@@ -9,8 +9,8 @@ as the small ops they wrap. This forward walks the same stack in the same order 
 tensors, with the same operations:
   - the norms, `RadixAttention` (so the server's attention backend), the activation and the
     final norm are SGLang's own modules;
-  - a projection runs the call cpu/linear.py's quant method would (the layer's oneDNN pack;
-    the module itself where it has none, or a bias);
+  - a projection runs the call cpu/linear.py's quant method would (the layer's pack: oneDNN's,
+    or the native linear's in bf16; the module itself where it has none, or a bias);
   - the rotary embedding's cos / sin are looked up and cast once per forward instead of once
     per layer, and rotated by SGLang's own formula (`rotate`), where that is what the layers'
     shared RotaryEmbedding would compute (`_shared_rope`); else each layer's own;
@@ -115,8 +115,8 @@ def native_norm(module, hidden: torch.Tensor, residual: torch.Tensor | None) -> 
 
 
 def project(linear, x: torch.Tensor) -> torch.Tensor:
-    """linear(x)'s output at one rank: the layer's own oneDNN pack (cpu/linear.py) where its
-    quant method would use it, the same call, without the module's parallel bookkeeping; else
+    """linear(x)'s output at one rank: the layer's own pack (cpu/linear.py) where its quant
+    method would use it, the same call, without the module's parallel bookkeeping; else
     the layer itself."""
     packed = cpu_linear.packed_for(linear, x)
     if packed is None or linear.bias is not None:
