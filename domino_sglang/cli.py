@@ -17,7 +17,7 @@ from pathlib import Path
 
 from domino_sglang import paths
 from domino_sglang.guards import flag_value, redact_command
-from domino_sglang.security import ADMIN_API_KEY_ENV, API_KEY_ENV, key_from_environment
+from domino_sglang.options import ADMIN_API_KEY_ENV, API_KEY_ENV, key_from_environment
 from domino_sglang.server_flags import GUARDS_FLAG
 
 

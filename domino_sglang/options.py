@@ -19,8 +19,10 @@ bookkeeping attribute SGLang's `ServerArgs.__reduce__` carries to every child pr
 resolves and logs the config once (algorithm.resolve_server_args: bad values stop the server
 before it forks); the worker resolves the same sources again in its own process.
 
-Nothing here reads the environment; environment variables carry only what is not a serving
-option (DOMINO_SGLANG_HOME, the CPU runtime's kill switches: cpu/bootstrap.py, cpu/linear.py).
+The environment is read here for one thing only, the launcher's API-key defaults
+(`key_from_environment`): a secret in the environment (a Kubernetes Secret, deploy/) stays out of
+shell history and the process list. Otherwise environment variables carry only what is not a
+serving option (DOMINO_SGLANG_HOME: paths.py; the CPU runtime's kill switches: cpu/bootstrap.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -35,6 +38,14 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 TRUE, FALSE = ("on", "true", "1"), ("off", "false", "0")
+# where `domino-sglang serve` takes its --api-key / --admin-api-key defaults from
+API_KEY_ENV, ADMIN_API_KEY_ENV = "DOMINO_SGLANG_API_KEY", "DOMINO_SGLANG_ADMIN_API_KEY"
+
+
+def key_from_environment(name: str) -> str | None:
+    """The key environment variable `name` holds (API_KEY_ENV, ADMIN_API_KEY_ENV), or None."""
+    return os.environ.get(name) or None
+
 # SGLang's own candidate-pool flag and its default (srt/arg_groups/fields/spec.py)
 POOL_FLAG, POOL_FLAG_DEFAULT = "--speculative-domino-candidate-pool-size", 2048
 

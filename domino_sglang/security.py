@@ -24,14 +24,10 @@ level); and the CORS middleware SGLang adds to `http_server.app` at import.
 
 from __future__ import annotations
 
-import os
 import secrets
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-# where `domino-sglang serve` takes its --api-key / --admin-api-key defaults from: a secret in the
-# environment (a Kubernetes Secret, deploy/) stays out of shell history and the process list
-API_KEY_ENV, ADMIN_API_KEY_ENV = "DOMINO_SGLANG_API_KEY", "DOMINO_SGLANG_ADMIN_API_KEY"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")  # probes and scrapes, as SGLang keeps them
 # Admin-marked routes kept at the ordinary key: SGLang calls /freeze_gc on itself after warm-up
@@ -56,11 +52,6 @@ class AccessRules:
     @property
     def loopback(self) -> bool:
         return self.bind_host in LOOPBACK_NAMES or self.bind_host.startswith("127.")
-
-
-def key_from_environment(name: str) -> str | None:
-    """The key environment variable `name` holds (API_KEY_ENV, ADMIN_API_KEY_ENV), or None."""
-    return os.environ.get(name) or None
 
 
 def _hostname(host_header: str) -> str:

@@ -18,14 +18,13 @@ a bool mask only where one is needed; in bf16 / fp16 two float32 `bmm` calls ins
 (native.c) reads each request's keys and values in place from their slots instead, for a
 request of at most 16 new tokens (a decode step, a verify, a short extend; longer prefills keep
 the batched matmuls, faster there): one call per request, every query row on its own (a verify
-row attends as the plain step's row does). The
-plan (slots and masks) is built once per forward and shared by all layers. On a CPU this
-per-request loop is the fast layout: reading the KV is what costs (memory-bound), and padding
-every request to the batch's longest prefix, as one batched call must, multiplies the bytes
-read. Microbenchmark, 1 thread, AMD EPYC, fp32, per layer
-(9 query / 3 KV heads, D 64, scattered slots; the earlier padded batched layout -> this one):
-decode bs 64 with prefixes of 50..770 tokens 210 -> 29 ms, decode bs 32 with 60..200 tokens
-15.1 -> 4.4 ms, decode bs 1 with 300 tokens 0.38 -> 0.14 ms, 16-token verify at bs 16
+row attends as the plain step's row does). The plan (slots and masks) is built once per
+forward and shared by all layers. On a CPU this per-request loop is the fast layout: reading
+the KV is what costs (memory-bound), and padding every request to the batch's longest prefix,
+as one batched call must, multiplies the bytes read. Microbenchmark, 1 thread, AMD EPYC, fp32,
+per layer (9 query / 3 KV heads, D 64, scattered slots; the earlier padded batched layout ->
+this one): decode bs 64 with prefixes of 50..770 tokens 210 -> 29 ms, decode bs 32 with
+60..200 tokens 15.1 -> 4.4 ms, decode bs 1 with 300 tokens 0.38 -> 0.14 ms, 16-token verify at bs 16
 10.7 -> 4.7 ms.
 
 Depends on SGLang internals (imported through sglang_compat.py, which lists them):

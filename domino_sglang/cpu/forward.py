@@ -56,8 +56,8 @@ _installed = False
 class Stack(NamedTuple):
     """What the lean forward walks: each layer's (input norm, attention, post-attention norm,
     MLP), the rotary embedding they share when `rotate` computes it as SGLang's does (None:
-    each layer's `forward_prepare_native`), and whether a bf16 forward runs the norms and that
-    rotary on the native kernels."""
+    each layer's `forward_prepare_native`), and whether a bf16 forward runs the norms, that
+    rotary and the activation on the native kernels."""
 
     layers: list[tuple]
     rope: object | None
@@ -73,7 +73,8 @@ def lean_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, forwar
     hidden = model.embed_tokens(input_ids)  # [T, H]
     residual = None
     aux = AuxHiddenStateList()
-    fused = layers.native and hidden.dtype == torch.bfloat16  # norms and rotary: native kernels
+    # the norms, the rotary and the activation on the native kernels
+    fused = layers.native and hidden.dtype == torch.bfloat16
     norm = native_norm if fused else module_norm
     rope = rope_tables(layers.rope, positions, hidden.dtype) if layers.rope else None
     for i, (input_norm, attn, post_norm, mlp) in enumerate(layers.layers):
@@ -110,7 +111,7 @@ def module_norm(module, hidden: torch.Tensor, residual: torch.Tensor | None) -> 
 
 
 def native_norm(module, hidden: torch.Tensor, residual: torch.Tensor | None) -> tuple:
-    """The same norm on the native kernel (bf16; `_native_norms` said it computes the same)."""
+    """The same norm on the native kernel (bf16; `_native_formulas` said it computes the same)."""
     return native.add_rmsnorm(hidden, residual, module.weight, module.variance_epsilon)
 
 
@@ -129,7 +130,8 @@ def rope_tables(rope, positions: torch.Tensor, dtype: torch.dtype) -> tuple:
     up and casts in every layer (RotaryEmbedding.forward_native, apply_rotary_emb), once per
     forward."""
     cos, sin = rope.cos_sin_cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
-    return cos.to(dtype), sin.to(dtype)
+    # contiguous once here: the halves of the cache rows are views, and every layer reads them
+    return cos.to(dtype).contiguous(), sin.to(dtype).contiguous()
 
 
 def rotate(x: torch.Tensor, tables: tuple) -> torch.Tensor:
