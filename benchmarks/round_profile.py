@@ -7,13 +7,17 @@ draft context, observe; plain: the target forward and the sample) and, every few
 instead, counts the torch ops each stage dispatches. At each concurrency c, 2c chat requests
 (c at a time, ignore_eos) run against the server; the rounds at batch size c are tabulated:
 mean ms per round and share of the round's cost, where the cost counts the scheduler's own
-time between two rounds (its batch bookkeeping and output processing). The client's time per
+time between two rounds (its batch bookkeeping and output processing; a gap with a prefill in
+it is the prefill's, not counted). The client's time per
 round (the point's wall time / its rounds) adds what the tokenizer and detokenizer processes
 cost on the same 2 cores. Beside each table: the target's bare transformers forward at the same
 batch and width (width 1: a plain step; DOMINO: its median verified L), timed and op-counted in
 this process, with the server's dtype and one thread.
 
     python benchmarks/round_profile.py --concurrency 1 8
+    python benchmarks/round_profile.py --concurrency 1 --draft-len 4 --out round_profile_l4
+(--draft-len: DOMINO's rounds pinned to L, --speculative-domino-debug-draft-len, so its draft
+rounds are profiled however rarely the adaptive policy would draft)
 """
 
 from __future__ import annotations
@@ -110,16 +114,25 @@ def main() -> None:
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--dtype", default=default_cpu_dtype())
+    ap.add_argument("--draft-len", type=int, default=None,
+                    help="pin DOMINO's L (default: the served default's adaptive policy)")
     ap.add_argument("--out", default="round_profile")
     args = ap.parse_args()
+    methods = dict(METHODS)
+    if args.draft_len is not None:
+        methods[f"DOMINO, L = {args.draft_len}"] = [
+            "--", "--speculative-domino-debug-draft-len", str(args.draft_len)]
+        del methods["DOMINO (served default)"]
     prov = provenance.collect()
     results: dict = {}
-    for method, flags in METHODS.items():
+    for method, flags in methods.items():
         log = Path(tempfile.mkdtemp()) / "rounds.jsonl"
         env = {"PYTHONPATH": str(SITE), "DOMINO_PROFILE_OUT": str(log)}
         if method == "plain decoding":
             env["DOMINO_PROFILE_PLAIN"] = "1"
-        server = start_server("round-profile", [*flags, "--dtype", args.dtype], env=env)
+        cut = flags.index("--") if "--" in flags else len(flags)
+        server = start_server("round-profile", [*flags[:cut], "--dtype", args.dtype],
+                              sglang_args=flags[cut + 1:], env=env)
         try:
             run_point(server.url, mixed_prompts(2), 1, 16)  # warm-up, not recorded
             for c in args.concurrency:
@@ -133,7 +146,8 @@ def main() -> None:
     lines = ["## Where a served round's time goes (CPU)", "", provenance.markdown_header(prov),
              f"- dtype {args.dtype}, one torch thread per server, {args.max_tokens} tokens per "
              f"request, 2c requests c at a time; ms are means over the rounds at batch size c, "
-             "ops the mean torch ops dispatched (counted on every 4th round, not timed)", ""]
+             "ops the mean torch ops dispatched (counted on every 4th round, not timed); "
+             "the scheduler's time between rounds leaves out the gaps a prefill ran in", ""]
     bare_cache: dict = {}
     for (method, c), res in results.items():
         point = res["point"]

@@ -78,7 +78,9 @@ def round_wrapper(fn, describe):
     def wrapped(self, batch, *args, **kwargs):
         nonlocal count_mode
         if not describe.applies(batch):
-            return fn(self, batch, *args, **kwargs)
+            out = fn(self, batch, *args, **kwargs)
+            R.last_end = None  # a prefill ran: the next round's gap is not the scheduler's own
+            return out
         R.n += 1
         start = time.perf_counter()
         gap = None if R.last_end is None else (start - R.last_end) * 1e3
@@ -106,6 +108,17 @@ def round_wrapper(fn, describe):
         with open(OUT, "a") as f:
             f.write(json.dumps(line) + "\n")
         return out
+
+    return wrapped
+
+
+def after_prefill(fn):
+    """A prefill between two decode rounds: the gap before the next round is not counted."""
+    def wrapped(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            R.last_end = None
 
     return wrapped
 
@@ -141,6 +154,7 @@ def _patch(name: str, module) -> None:
                             ("commit", "commit"), ("write_draft_context", "draft context")):
             setattr(W, meth, stage(label, getattr(W, meth)))
         W.decode_round = round_wrapper(W.decode_round, Domino)
+        W.prefill = after_prefill(W.prefill)
         from domino_sglang import drafter, lookup, observer, planner, pointer
 
         planner.RoundPlanner.plan = stage("plan", planner.RoundPlanner.plan)
