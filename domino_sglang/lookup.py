@@ -151,7 +151,9 @@ class PromptLookup:
         rows, histories = [], []
         for i, req in enumerate(batch.reqs):
             history = req.origin_input_ids + req.output_ids
-            if not skip[i] and history:
+            # a history whose last MIN_MATCH tokens do not recur has no draft (lookup_batch's
+            # length 0): asked on the host list first, it skips the batched tensor lookup
+            if not skip[i] and has_recurring_suffix(history):
                 rows.append(i)
                 histories.append(torch.tensor(history, dtype=torch.int64))
         if not rows:

@@ -145,6 +145,8 @@ class PointerCopy:
     """What a round's rollout needs for a pointer drafter's copy path: the gate and, per request,
     the copy index of its history (x_t last) and the chain drafted so far this round."""
 
+    on_host = True  # candidates from host CopyIndexes (`found`)
+
     def __init__(self, gate: torch.nn.Linear, indexes: list[CopyIndex], device: torch.device):
         self.gate, self.indexes, self.device = gate, indexes, device
         self.chains: list[list[int]] = [[] for _ in indexes]
@@ -160,10 +162,13 @@ class PointerCopy:
         self.z_logit = F.linear(z.reshape(bs * n, h).to(w.dtype), w[:, :h]).view(bs, n).float()
         self.match_logit = (w[0, h:] + self.gate.bias).float()  # [COPY_MAX_MATCH + 1]
 
+    def found(self) -> list[tuple[int, int]]:
+        """(c, n) of every request's history + chain so far, host lookups (CopyIndex)."""
+        return [ix.candidate(ch) for ix, ch in zip(self.indexes, self.chains)]
+
     def candidates(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(c, n) [bs] of every request's history + chain so far (host lookups)."""
-        found = [ix.candidate(ch) for ix, ch in zip(self.indexes, self.chains)]
-        out = torch.tensor(found, dtype=torch.int64).view(-1, 2).to(self.device)
+        out = torch.tensor(self.found(), dtype=torch.int64).view(-1, 2).to(self.device)
         return out[:, 0], out[:, 1]
 
     def log_gate(self, i: int, cand: torch.Tensor, match: torch.Tensor
@@ -216,6 +221,8 @@ class DevicePointerCopy(PointerCopy):
     left-aligned [bs, T + n] buffer whose chain part is written in place as drafts are chosen,
     candidates by `device_candidates`. No host synchronisation and no per-request Python state
     per position; the same (c, n) as CopyIndex (tests/test_pointer.py)."""
+
+    on_host = False
 
     def __init__(self, gate: torch.nn.Linear, history: torch.Tensor, lens: torch.Tensor,
                  n: int):

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +56,14 @@ def gru_step(gru: nn.GRU, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     return (1 - u) * n + u * h
 
 
+class NativeRollout(Protocol):
+    """A fused greedy rollout (cpu/native.py NativeHead): the chain [bs, n] of z [bs, >= n, H],
+    bonus [bs], base [bs, n, C], a host copy path or None, a candidate pool or None."""
+
+    def rollout(self, z: torch.Tensor, bonus: torch.Tensor, base: torch.Tensor,
+                copy: PointerCopy | None, cand: Candidates | None) -> torch.Tensor: ...
+
+
 @dataclass
 class HeadParams:
     """What the rollout needs from the drafter and the target (shared, never copied)."""
@@ -74,6 +83,9 @@ class HeadParams:
     vocab_lm_head: torch.Tensor | None = None
     vocab_out_weight: torch.Tensor | None = None
     full_vocab: int = 0  # V where lm_head_weight holds part of the rows (TP > 1), else 0
+    # the greedy positions fused on the CPU runtime's native kernels (cpu/native.py NativeHead:
+    # `rollout(z, bonus, base, copy, cand)`), or None; set after with_vocab, which drops it
+    native: NativeRollout | None = None
 
     def with_vocab(self, vocab: torch.Tensor | None, rows: torch.Tensor | None = None
                    ) -> HeadParams:
@@ -82,10 +94,12 @@ class HeadParams:
         1: tp.vocab_rows). The base_linear, if any, is dropped (the caller packs
         `vocab_lm_head`)."""
         if vocab is None:
-            return replace(self, vocab=None, vocab_lm_head=None, vocab_out_weight=None)
+            return replace(self, vocab=None, vocab_lm_head=None, vocab_out_weight=None,
+                           native=None)
         vocab = vocab.to(device=self.lm_head_weight.device, dtype=torch.int64)
         rows = self.lm_head_weight[vocab] if rows is None else rows
-        return replace(self, vocab=vocab, base_linear=None, vocab_lm_head=rows.contiguous(),
+        return replace(self, vocab=vocab, base_linear=None, native=None,
+                       vocab_lm_head=rows.contiguous(),
                        vocab_out_weight=self.embed_proj[2].weight[vocab].detach().contiguous())
 
     @property
@@ -206,6 +220,9 @@ def greedy_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams,
                              for i in range(n)], dim=1)
         return (chain, picks) if return_base_pick else chain
     cand = make_candidates(base, head, candidate_pool)
+    if head.native is not None and (copy is None or copy.on_host):
+        chain = head.native.rollout(z, bonus, base, copy, cand)  # the loop below, fused (CPU)
+        return (chain, head.token_ids(argmax(base))) if return_base_pick else chain
     first = head.token_ids(argmax(base[:, 0]))  # [bs]
     if copy is not None:
         first = pointer_pick(copy, 0, base[:, 0], first, head)

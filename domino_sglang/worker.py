@@ -165,6 +165,7 @@ class DominoWorker(BaseSpecWorker):
             cpu_linear.pack_linears(drafter.fc)
             cpu_linear.pack_linears(drafter.layers)
             cpu_native.fuse_drafter(drafter)  # bf16: its norms and rotary too
+            head.native = cpu_native.native_head(head)  # bf16 target: greedy positions fused
         base_layout = "over replicated draft rows"  # what a TP round gathers (tp.py)
         if shard is not None and head.vocab is None:  # this rank's logits, gathered
             local = head.base_linear or functools.partial(F.linear, weight=lm_head)

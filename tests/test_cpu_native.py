@@ -4,6 +4,8 @@ and the fallback where the kernels cannot run."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -295,3 +297,103 @@ def test_a_bf16_drafter_on_the_native_kernels_computes_what_it_did():
         torch.testing.assert_close(k1.float(), k0.float(), atol=0.05, rtol=0.02)
         assert torch.equal(v1, v0)  # no norm, no rotation
     torch.testing.assert_close(after[1].float(), before[1].float(), atol=0.05, rtol=0.02)
+
+
+@needs_native
+@pytest.mark.parametrize("vocab", [None, torch.tensor([9, 2, 5, 0, 7])])
+def test_the_native_head_drafts_argmax_q_as_the_reference(vocab):
+    """NativeHead (the CPU's fused greedy positions) drafts what the head's definition does:
+    the head's logits, the first maximal column, the pointer copy's win against argmax q built
+    explicitly (tests/test_pointer.py's reference), for an open and a closed gate and without
+    a copy path, and over a candidate pool what the torch loop drafts; greedy_rollout takes it
+    where it is set, and a head whose embedding is not bf16 (an fp32 server) gets none."""
+    from torch import nn
+
+    from domino_sglang.rollout import greedy_rollout
+    from tests.test_pointer import _gate, _pointer, _reference_pointer_rollout
+    from tests.test_rollout import B, H, V, make_head
+
+    rng = random.Random(5)
+    histories = [[rng.randrange(4) if k % 2 else rng.randrange(V) for k in range(9)]
+                 for _ in range(6)]
+    head = make_head(3)
+    table = head.embed.weight.detach().bfloat16()
+    head.embed = nn.Embedding.from_pretrained(table.float())  # the reference: bf16 values
+    assert native.native_head(head.with_vocab(vocab)) is None  # fp32 embedding: none
+    served = head.with_vocab(vocab)
+    served.embed = nn.Embedding.from_pretrained(table)
+    served.native = native.native_head(served)
+    assert served.native is not None
+    z = torch.randn(6, B, H)
+    bonus = torch.tensor([h[-1] for h in histories])
+    copied = 0
+    with torch.no_grad():
+        for bias in (3.0, -1.0):
+            gate = _gate(bias)
+            copy = _pointer(gate, histories)
+            got = greedy_rollout(z, bonus, served, 0, True, copy=copy)
+            want, won = _reference_pointer_rollout(z, histories, head, gate, True, vocab)
+            assert torch.equal(got, want), (bias, got, want)
+            assert torch.equal(copy.copied(), won)
+            copied += int(won.sum())
+        plain = greedy_rollout(z, bonus, served, 0, True)
+        fused = served.native
+        served.native = None
+        assert torch.equal(greedy_rollout(z, bonus, served, 0, True), plain)
+        # a candidate pool of 3 columns (positions >= 1): as the torch loop drafts
+        for gate in (_gate(3.0), None):
+            chains, won = [], []
+            for head_native in (fused, None):
+                served.native = head_native
+                copy = None if gate is None else _pointer(gate, histories)
+                chains.append(greedy_rollout(z, bonus, served, 3, True, copy=copy))
+                won.append(None if copy is None else copy.copied())
+            assert torch.equal(chains[0], chains[1])
+            assert gate is None or torch.equal(won[0], won[1])
+    assert copied > 5
+
+
+@needs_native
+@pytest.mark.parametrize("vocab_rows", [0, 110])  # all 150 columns, or a draft vocabulary
+@pytest.mark.parametrize("pool", [0, 70])
+def test_the_native_head_at_vector_widths_drafts_as_the_torch_loop(vocab_rows, pool):
+    """At widths that fill and overrun the kernels' 16-lane vectors and 64-column tiles (hidden
+    40, GRU 20, head 37, 150 tokens), the native head drafts what the torch loop does, the
+    copy's wins included, with and without a draft vocabulary and a candidate pool."""
+    from torch import nn
+
+    from domino_sglang.pointer import CopyIndex, PointerCopy
+    from domino_sglang.rollout import HeadParams, greedy_rollout
+
+    h, g, e, v, block = 40, 20, 37, 150, 7
+    torch.manual_seed(11)
+    table = (torch.randn(v, h) * 0.5).bfloat16()
+    gru = nn.GRU(h, g, bias=False, batch_first=True)
+    proj = nn.Sequential(nn.Linear(h + g, e, bias=False), nn.SiLU(), nn.Linear(e, v, bias=False))
+    for p in [*gru.parameters(), *proj.parameters()]:
+        nn.init.normal_(p, std=0.7)
+    head = HeadParams(embed=nn.Embedding.from_pretrained(table), lm_head_weight=torch.randn(v, h),
+                      prefix_gru=gru, embed_proj=proj)
+    served = head.with_vocab(torch.randperm(v)[:vocab_rows] if vocab_rows else None)
+    served.native = native.native_head(served)
+    assert served.native is not None
+    gate = nn.Linear(h + 13, 1)
+    nn.init.normal_(gate.weight, std=1.0)
+    nn.init.constant_(gate.bias, 1.0)
+    rng = random.Random(4)
+    histories = [[rng.randrange(12) for _ in range(30)] for _ in range(5)]
+    z, bonus = torch.randn(5, block, h), torch.tensor([x[-1] for x in histories])
+
+    def drafts(fused):
+        served.native = fused
+        indexes = [CopyIndex() for _ in histories]
+        for index, x in zip(indexes, histories):
+            index.sync(x)
+        copy = PointerCopy(gate, indexes, torch.device("cpu"))
+        with torch.no_grad():
+            return greedy_rollout(z, bonus, served, pool, True, copy=copy), copy.copied()
+
+    fused = served.native
+    (got, got_won), (want, want_won) = drafts(fused), drafts(None)
+    assert torch.equal(got, want) and torch.equal(got_won, want_won)
+    assert 0 < int(want_won.sum()) < want_won.numel()  # the copy wins some, not all

@@ -1,5 +1,6 @@
 /* The CPU runtime's native bf16 kernels (built by native.py): the linears of a few input rows,
-   the residual add with RMS norm, and the rotary embedding, each one pass over its data.
+   the residual add with RMS norm, the rotary embedding, SiLU-and-mul, attention over the KV
+   pool's slots, and the head's greedy rollout positions (fp32), each one pass over its data.
 
    Linears. A decode step or a short verify multiplies a handful of rows by every weight of the
    model once, so its linears are bound by how fast the weights stream from memory. The weight is
@@ -368,6 +369,165 @@ void domino_rope_f32(const uint16_t *x, int64_t stride, const float *cos, const 
                 float p2 = b * c[half + i], r2 = a * s[half + i];
                 o2[i] = narrow(p2 + r2);
             }
+        }
+    }
+}
+
+/* ---- the Domino head's greedy rollout (rollout.py greedy_rollout), fp32, one position a call */
+
+/* sum of a[i] * b[i] over n floats (16 lanes, then the lanes) */
+static inline float dot_f32(const float *a, const float *b, int64_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+    float out = _mm512_reduce_add_ps(acc);
+    for (; i < n; i++) out += a[i] * b[i];
+    return out;
+}
+
+static inline float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* log(sigmoid(x)), stable on both sides */
+static inline float log_sigmoid_f(float x) {
+    return x >= 0.0f ? -log1pf(expf(-x)) : x - log1pf(expf(x));
+}
+
+static inline float logaddexp_f(float a, float b) {
+    if (a == -INFINITY) return b;
+    if (b == -INFINITY) return a;
+    float m = a > b ? a : b;
+    return m + log1pf(expf(-fabsf(a - b)));
+}
+
+/* One draft position for each of bs rows: logits = base (+ W2 silu(W1 [z ; s]) with the head),
+   next = the token of the first maximal column (vocab[column], or the column itself without a
+   draft vocabulary); where a copy candidate cand >= 0 wins the greedy pick of
+   q = (1 - g) softmax(logits) + g onehot(cand) (pointer.py copy_wins, g = sigmoid(gate_z +
+   match_logit[min(match, max_match)])), next = cand and won = 1. W1's rows and W2's column
+   tiles are loaded once for all rows (then from cache). Shapes: z [bs, H] and base [bs, C] (rows `z_stride` / `base_stride` apart),
+   s [bs, G], w1 [E, H + G], w2t [E, C] (W2 transposed), vocab [C] or NULL, column [vocab_size]
+   (a token's column, -1 outside; NULL: the identity); with a candidate pool (rollout.py
+   Candidates) pool_w2 [bs, C, E] and pool_ids [bs, C] (each row's columns' W2 rows and token
+   ids) instead of w2t and vocab; cand / match [bs] or NULL (no copy), gate_z [bs],
+   match_logit [max_match + 1]; scratch: bs * (C + E) floats. */
+void domino_head_pick(int64_t bs, int64_t H, int64_t G, int64_t E, int64_t C, int head,
+                      const float *z, int64_t z_stride, const float *s, const float *base,
+                      int64_t base_stride, const float *w1, const float *w2t,
+                      const float *pool_w2, const int64_t *pool_ids,
+                      const int64_t *vocab, const int32_t *column, int64_t vocab_size,
+                      const int64_t *cand, const int64_t *match, const float *gate_z,
+                      const float *match_logit, int64_t max_match, int64_t *next, uint8_t *won,
+                      float *scratch) {
+    float *logits = scratch, *hidden = scratch + bs * C;
+    if (head) {
+        for (int64_t e = 0; e < E; e++) {
+            const float *row = w1 + e * (H + G);
+            for (int64_t b = 0; b < bs; b++) {
+                float h = dot_f32(row, z + b * z_stride, H) + dot_f32(row + H, s + b * G, G);
+                hidden[b * E + e] = h * sigmoid_f(h); /* SiLU */
+            }
+        }
+        if (pool_w2) { /* a candidate pool: each row's own columns, W2's rows [bs, C, E] */
+            for (int64_t b = 0; b < bs; b++)
+                for (int64_t c = 0; c < C; c++)
+                    logits[b * C + c] = base[b * base_stride + c] +
+                                        dot_f32(pool_w2 + (b * C + c) * E, hidden + b * E, E);
+        } else {
+            for (int64_t c0 = 0; c0 < C; c0 += 64) { /* 64 columns at a time, w2t [E, C] */
+                __mmask16 lanes[4];
+                for (int q = 0; q < 4; q++) {
+                    int64_t left = C - c0 - 16 * q;
+                    lanes[q] = left >= 16 ? (__mmask16)0xffff
+                               : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+                }
+                for (int64_t b = 0; b < bs; b++) {
+                    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                                     _mm512_setzero_ps()};
+                    for (int64_t e = 0; e < E; e++) {
+                        __m512 h = _mm512_set1_ps(hidden[b * E + e]);
+                        const float *w = w2t + e * C + c0;
+                        for (int q = 0; q < 4; q++)
+                            acc[q] = _mm512_fmadd_ps(h, _mm512_maskz_loadu_ps(lanes[q], w + 16 * q),
+                                                     acc[q]);
+                    }
+                    for (int q = 0; q < 4; q++) {
+                        const float *bb = base + b * base_stride + c0 + 16 * q;
+                        __m512 sum = _mm512_add_ps(_mm512_maskz_loadu_ps(lanes[q], bb), acc[q]);
+                        _mm512_mask_storeu_ps(logits + b * C + c0 + 16 * q, lanes[q], sum);
+                    }
+                }
+            }
+        }
+    } else {
+        for (int64_t b = 0; b < bs; b++)
+            memcpy(logits + b * C, base + b * base_stride, sizeof(float) * (size_t)C);
+    }
+    for (int64_t b = 0; b < bs; b++) {
+        const float *lb = logits + b * C;
+        __m512 peak = _mm512_set1_ps(-INFINITY);
+        int64_t c = 0;
+        for (; c + 16 <= C; c += 16) peak = _mm512_max_ps(peak, _mm512_loadu_ps(lb + c));
+        float top = _mm512_reduce_max_ps(peak);
+        for (; c < C; c++) top = lb[c] > top ? lb[c] : top;
+        int64_t pick = 0; /* the first maximal column (torch.argmax's); 0 if all are NaN */
+        while (pick < C && !(lb[pick] == top)) pick++;
+        if (pick == C) pick = 0;
+        const int64_t *ids = pool_ids ? pool_ids + b * C : NULL;
+        int64_t token = ids ? ids[pick] : vocab ? vocab[pick] : pick;
+        won[b] = 0;
+        if (cand && cand[b] >= 0) {
+            int64_t cb = cand[b], col = -1;
+            if (ids) { /* the candidate's first column in the row's pool */
+                for (int64_t c = 0; c < C && col < 0; c++)
+                    if (ids[c] == cb) col = c;
+            } else {
+                col = column ? (cb < vocab_size ? column[cb] : -1) : (cb < C ? cb : -1);
+            }
+            __m512 sum = _mm512_setzero_ps(), shift = _mm512_set1_ps(top);
+            int64_t c = 0;
+            for (; c + 16 <= C; c += 16)
+                sum = _mm512_add_ps(sum, exp_ps(_mm512_sub_ps(_mm512_loadu_ps(lb + c), shift)));
+            float total = _mm512_reduce_add_ps(sum);
+            for (; c < C; c++) total += expf(lb[c] - top);
+            float lse = top + logf(total);
+            float lp_pick = top - lse, lp_c = col >= 0 ? lb[col] - lse : -INFINITY;
+            int64_t m = match[b] < 0 ? 0 : (match[b] > max_match ? max_match : match[b]);
+            float x = gate_z[b] + match_logit[m];
+            float log_g = log_sigmoid_f(x), log_1mg = log_sigmoid_f(-x);
+            if (logaddexp_f(log_1mg + lp_c, log_g) > log_1mg + lp_pick) {
+                token = cb;
+                won[b] = 1;
+            }
+        }
+        next[b] = token;
+    }
+}
+
+/* The head's GRU over one token per row (rollout.py gru_step, bias-free, gates r, z, n):
+   x = embed[tokens[b]] (bf16 table [V, H], widened), s [bs, G] updated in place;
+   w_ih [3G, H], w_hh [3G, G], each row read once for all rows; scratch: bs * (H + 6G) floats. */
+void domino_gru_step(int64_t bs, int64_t H, int64_t G, const uint16_t *embed,
+                     const int64_t *tokens, const float *w_ih, const float *w_hh, float *s,
+                     float *scratch) {
+    float *x = scratch, *gi = scratch + bs * H, *gh = gi + bs * 3 * G;
+    for (int64_t b = 0; b < bs; b++) {
+        const uint16_t *row = embed + tokens[b] * H;
+        for (int64_t j = 0; j < H; j++) x[b * H + j] = widen(row[j]);
+    }
+    for (int64_t j = 0; j < 3 * G; j++)
+        for (int64_t b = 0; b < bs; b++) {
+            gi[b * 3 * G + j] = dot_f32(w_ih + j * H, x + b * H, H);
+            gh[b * 3 * G + j] = dot_f32(w_hh + j * G, s + b * G, G);
+        }
+    for (int64_t b = 0; b < bs; b++) {
+        const float *ib = gi + b * 3 * G, *hb = gh + b * 3 * G;
+        float *sb = s + b * G;
+        for (int64_t j = 0; j < G; j++) {
+            float r = sigmoid_f(ib[j] + hb[j]);
+            float u = sigmoid_f(ib[G + j] + hb[G + j]);
+            float n = tanhf(ib[2 * G + j] + r * hb[2 * G + j]);
+            sb[j] = (1.0f - u) * n + u * sb[j];
         }
     }
 }

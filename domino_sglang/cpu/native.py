@@ -1,6 +1,7 @@
 """The CPU runtime's native bf16 kernels (native.c): built on first use with the machine's C
 compiler, loaded beside torch's OpenMP runtime; the linears' packed weights, the residual add
-with RMS norm, the rotary embedding, SiLU-and-mul, attention.
+with RMS norm, the rotary embedding, SiLU-and-mul, attention, and the head's greedy rollout
+positions (NativeHead, fp32, one thread).
 
 Built once per source into `paths.home()/kernels` (a file named by the source's and the flags'
 hash, written under a temporary name and renamed, so ranks building at once do not collide).
@@ -23,11 +24,16 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from domino_sglang import paths
 from domino_sglang.cpu.bootstrap import env_switch
+
+if TYPE_CHECKING:
+    from domino_sglang.pointer import PointerCopy
+    from domino_sglang.rollout import Candidates, HeadParams
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +201,124 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, locs: 
         None if mask is None else mask.data_ptr(), int(causal), scaling, out.data_ptr())
 
 
+class NativeHead:
+    """The head rollout's greedy positions (rollout.py greedy_rollout) on the native kernels:
+    each position one `domino_head_pick` over every row (head logits, the first maximal
+    column, the pointer copy's win) and one `domino_gru_step`, in fp32 as the CPU head runs
+    (worker.py), on one thread. W1 and the GRU's weights are the head's own tensors; W2 is a
+    transposed copy ([E, C]: the draft vocabulary's rows, or all V without one), made once, so
+    it follows no later change to the drafter's weights (the drafter is not updated in
+    serving; a stale copy could only move acceptance). Draft side only: its picks may differ
+    from torch's where two logits tie to within rounding, which can only move acceptance."""
+
+    def __init__(self, head: HeadParams) -> None:
+        proj, gru = head.embed_proj, head.prefix_gru
+        self.w1 = proj[0].weight.detach().contiguous()  # [E, H + G]
+        self.w2t = (proj[2].weight if head.vocab is None else head.vocab_out_weight
+                    ).detach().t().contiguous()  # [E, C]
+        self.w_ih = gru.weight_ih_l0.detach().contiguous()  # [3G, H]
+        self.w_hh = gru.weight_hh_l0.detach().contiguous()  # [3G, G]
+        self.embed = head.embed.weight.detach()  # [V, H] bf16, contiguous (native_head)
+        self.vocab = None if head.vocab is None else head.vocab.contiguous()  # [C] token ids
+        self.column = None  # token id -> its column among the draft vocabulary's, -1 outside
+        if self.vocab is not None:
+            self.column = torch.full((self.embed.shape[0],), -1, dtype=torch.int32)
+            self.column[self.vocab] = torch.arange(len(self.vocab), dtype=torch.int32)
+        self.E, self.C = self.w2t.shape
+        self.G, self.H = self.w_hh.shape[1], self.w_ih.shape[1]
+
+    def rollout(self, z: torch.Tensor, bonus: torch.Tensor, base: torch.Tensor,
+                copy: PointerCopy | None, cand: Candidates | None = None) -> torch.Tensor:
+        """The greedy chain [bs, n] of z [bs, >= n, H], the verified tokens bonus [bs] and the
+        base logits base [bs, n, C] (fp32); copy: a pointer drafter's host copy path
+        (pointer.PointerCopy, started on z) or None; cand: the head's candidate pool
+        (rollout.Candidates: positions >= 1 score its K columns) or None."""
+        bs, n = base.shape[0], base.shape[1]
+        if base.shape[-1] != self.C or z.shape[-1] != self.H:
+            raise ValueError(f"native head: base logits {tuple(base.shape)} / states "
+                             f"{tuple(z.shape)} do not fit a head of {self.C} columns, "
+                             f"hidden {self.H}")
+        zf = z[:, :n].to(torch.float32).contiguous()  # [bs, n, H]
+        base = base.contiguous()
+        pool = None
+        if cand is not None:  # [bs, n, K] base, [bs, K, E] W2 rows, [bs, K] token ids
+            pool = (cand.base.float().contiguous(), cand.out_weight.float().contiguous(),
+                    cand.ids.to(torch.int64).contiguous())
+        s = torch.zeros(bs, self.G, dtype=torch.float32)  # the GRU state
+        scratch = torch.empty(bs * max(self.C + self.E, self.H + 6 * self.G), dtype=torch.float32)
+        if n > 1:
+            self._gru(bonus.to(torch.int64).contiguous(), s, scratch)
+        chain = torch.empty(bs, n, dtype=torch.int64)
+        for i in range(n):
+            nxt, won = self._pick(zf[:, i], s, base[:, i], i > 0, copy, i, scratch,
+                                  pool if i > 0 else None)
+            chain[:, i] = nxt
+            if copy is not None:
+                copy.append(nxt, won)
+            if i + 1 < n:
+                self._gru(nxt, s, scratch)
+        return chain
+
+    def _pick(self, z: torch.Tensor, s: torch.Tensor, base: torch.Tensor, head: bool,
+              copy: PointerCopy | None, i: int, scratch: torch.Tensor,
+              pool: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position i's drafts and whether each is the copy: (next [bs] int64, won [bs] bool).
+        z [bs, H], s [bs, G], base [bs, C] (rows may be strided); head: position i >= 1 (the
+        head's correction; position 0 is the base logits alone); pool: the candidate pool's
+        (base [bs, n, K], W2 rows [bs, K, E], ids [bs, K]) for positions >= 1, or None."""
+        bs = base.shape[0]
+        pool_w2 = pool_ids = None
+        if pool is not None:
+            base, pool_w2, pool_ids = pool[0][:, i], pool[1], pool[2]
+        nxt = torch.empty(bs, dtype=torch.int64)
+        won = torch.zeros(bs, dtype=torch.bool)
+        cand = match = gate_z = match_logit = None
+        if copy is not None:
+            found = copy.found()  # (c, n) per row, host lookups
+            cand = torch.tensor([c for c, _ in found], dtype=torch.int64)
+            match = torch.tensor([m for _, m in found], dtype=torch.int64)
+            gate_z = copy.z_logit[:, i].contiguous()  # [bs] fp32
+            match_logit = copy.match_logit.contiguous()  # [max_match + 1] fp32
+        ptr = _pointer_or_none
+        _library.domino_head_pick(
+            bs, self.H, self.G, self.E, base.shape[1], int(head), z.data_ptr(), z.stride(0),
+            s.data_ptr(), base.data_ptr(), base.stride(0), self.w1.data_ptr(),
+            self.w2t.data_ptr(), ptr(pool_w2), ptr(pool_ids), ptr(self.vocab),
+            ptr(self.column), self.embed.shape[0],
+            ptr(cand), ptr(match), ptr(gate_z), ptr(match_logit),
+            0 if match_logit is None else match_logit.shape[0] - 1, nxt.data_ptr(),
+            won.data_ptr(), scratch.data_ptr())
+        return nxt, won
+
+    def _gru(self, tokens: torch.Tensor, s: torch.Tensor, scratch: torch.Tensor) -> None:
+        _library.domino_gru_step(s.shape[0], self.H, self.G, self.embed.data_ptr(),
+                                 tokens.data_ptr(), self.w_ih.data_ptr(), self.w_hh.data_ptr(),
+                                 s.data_ptr(), scratch.data_ptr())
+
+
+def _pointer_or_none(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def native_head(head: HeadParams) -> NativeHead | None:
+    """The head's greedy rollout on the native kernels (NativeHead), or None where they can't
+    run it: kernels unavailable, a head not in fp32, an embedding table that is not one bf16
+    [V, H] tensor here holding every token the head can draft (tensor-parallel shards:
+    `full_vocab`)."""
+    embed = getattr(head.embed, "weight", None)
+    gru, proj = head.prefix_gru, head.embed_proj
+    if (not available() or head.full_vocab or embed is None or embed.dtype != torch.bfloat16
+            or embed.dim() != 2 or not embed.is_contiguous() or embed.device.type != "cpu"
+            or embed.shape[0] < head.vocab_size
+            or gru.weight_hh_l0.dtype != torch.float32
+            or proj[0].weight.dtype != torch.float32
+            or (head.vocab_out_weight is not None
+                and head.vocab_out_weight.dtype != torch.float32)):
+        return None
+    return NativeHead(head)
+
+
 def _load() -> ctypes.CDLL | None:
     global _library, _unavailable
     if _library is not None or _unavailable is not None:
@@ -263,4 +387,12 @@ def _open(path: Path) -> ctypes.CDLL:
                                       pointer, size, pointer, ctypes.c_int, ctypes.c_float,
                                       pointer]
     library.domino_attend.restype = None
+    library.domino_head_pick.argtypes = [
+        size, size, size, size, size, ctypes.c_int, pointer, size, pointer, pointer, size,
+        pointer, pointer, pointer, pointer, pointer, pointer, size, pointer, pointer, pointer,
+        pointer, size, pointer, pointer, pointer]
+    library.domino_head_pick.restype = None
+    library.domino_gru_step.argtypes = [size, size, size, pointer, pointer, pointer, pointer,
+                                        pointer, pointer]
+    library.domino_gru_step.restype = None
     return library
