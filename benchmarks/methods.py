@@ -95,10 +95,10 @@ METHODS: Mapping[str, Method] = MappingProxyType({
     # every round plain (L = 1): what serving through the DOMINO worker costs with no
     # speculation at all (the adaptive policy's floor, probes and warm-up aside)
     "domino-plain": Method("DOMINO plain rounds", _domino(D + "debug-draft-len", "1")),
-    # every round verifies L = 2 / 3 / 4 chain tokens: what the adaptive policy could get at a
-    # fixed short length
+    # every round verifies L = 2, 3, 4, 5, 6 or 8 chain tokens: what the adaptive policy could
+    # get at a fixed short length
     **{f"domino-l{n}": Method(f"DOMINO L = {n}", _domino(D + "debug-draft-len", str(n)))
-       for n in (2, 3, 4)},
+       for n in (2, 3, 4, 5, 6, 8)},
     # tensor parallel over 3 CPU ranks (the demo target's 9 heads, 3 KV heads; serve splits the
     # cores over the ranks): plain and served-default DOMINO, beside their one-rank runs
     "ar-tp3": Method("AR, TP 3", ("--no-speculation", "--tp-size", "3")),
