@@ -17,8 +17,13 @@ from pathlib import Path
 
 from domino_sglang import paths
 from domino_sglang.guards import flag_value, redact_command
-from domino_sglang.options import ADMIN_API_KEY_ENV, API_KEY_ENV, key_from_environment
-from domino_sglang.server_flags import GUARDS_FLAG
+from domino_sglang.options import (
+    ADMIN_API_KEY_ENV,
+    API_KEY_ENV,
+    DominoOptionError,
+    key_from_environment,
+)
+from domino_sglang.server_flags import GUARDS_FLAG, KEY_FILE_FLAGS, read_key_file
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -59,10 +64,9 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
     ]
     if not _has_flag(extra, GUARDS_FLAG):  # serve's servers are guarded, DOMINO or not
         cmd += [GUARDS_FLAG, "on"]
-    if args.api_key:
-        cmd += ["--api-key", args.api_key]
-    if args.admin_api_key:
-        cmd += ["--admin-api-key", args.admin_api_key]
+    cmd += _key_args(args.api_key, args.api_key_file, "--api-key", API_KEY_ENV)
+    cmd += _key_args(args.admin_api_key, args.admin_api_key_file, "--admin-api-key",
+                     ADMIN_API_KEY_ENV)
     if args.tp_size < 1:
         _fail(f"--tp-size must be >= 1, got {args.tp_size}")
     if args.tp_size > 1:
@@ -113,6 +117,23 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
         if args.dtype:
             cmd += ["--dtype", args.dtype]
     return cmd + extra, env
+
+
+def _key_args(key: str | None, path: str | None, flag: str, env_name: str) -> list[str]:
+    """SGLang's arguments for one key: from its file (`--api-key-file`: checked here, passed as
+    the plugin's key-file flag, so the key is in no command line), else the key given or the
+    environment's (passed as `flag KEY`, visible in the server's process list)."""
+    file_flag = next(f for f, k in KEY_FILE_FLAGS.items() if k == flag)
+    if path is not None:
+        if key is not None:
+            _fail(f"serve: {flag} and {flag}-file are both given: give one")
+        try:
+            read_key_file(path, f"{flag}-file")
+        except DominoOptionError as exc:
+            _fail(f"serve: {exc}")
+        return [file_flag, str(Path(path).resolve())]
+    key = key or key_from_environment(env_name)
+    return [flag, key] if key else []
 
 
 def cpu_binding(ranks: int, cores: list[int]) -> str:
@@ -625,16 +646,21 @@ def make_parser() -> argparse.ArgumentParser:
                         "GLIBC_TUNABLES; default on)")
     s.add_argument("--max-total-tokens", type=int, default=65536,
                    help="CPU KV pool size in tokens (default 65536)")
-    s.add_argument("--api-key", default=key_from_environment(API_KEY_ENV),
+    s.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` on the API (SGLang's --api-key; "
-                        "default: env DOMINO_SGLANG_API_KEY; /health and /metrics stay open)")
-    s.add_argument("--admin-api-key",
-                   default=key_from_environment(ADMIN_API_KEY_ENV),
+                        "default: env DOMINO_SGLANG_API_KEY; /health and /metrics stay open). "
+                        "A key given here or in the environment is on the server's command "
+                        "line, which local users can list: --api-key-file keeps it off")
+    s.add_argument("--api-key-file", default=None, metavar="PATH",
+                   help="read --api-key from this file (e.g. a mounted Kubernetes Secret)")
+    s.add_argument("--admin-api-key", default=None,
                    help="the key of the admin routes (weight updates, cache flush, aborts, "
                         "profiling; SGLang's --admin-api-key; default: env "
                         "DOMINO_SGLANG_ADMIN_API_KEY); without it they answer 403. More HTTP "
                         "options after `--`: --domino-allowed-origins, --domino-allowed-hosts, "
                         "--domino-max-request-bytes")
+    s.add_argument("--admin-api-key-file", default=None, metavar="PATH",
+                   help="read --admin-api-key from this file")
     s.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     return parser
 

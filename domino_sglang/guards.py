@@ -74,9 +74,19 @@ def redact_command(cmd: list[str]) -> list[str]:
 
 
 def install_log_redaction(argv: list[str] | None = None) -> list[str]:
-    """Redact this process's secret flag values from every log record; returns the secrets."""
+    """Redact this process's secret flag values, and the keys in its key files
+    (server_flags.KEY_FILE_FLAGS), from every log record; returns the secrets."""
+    from domino_sglang.options import DominoOptionError
+    from domino_sglang.server_flags import KEY_FILE_FLAGS, read_key_file
+
     argv = sys.argv if argv is None else argv
     secrets = [v for v in (flag_value(argv, f) for f in SECRET_FLAGS) if v]
+    for flag in KEY_FILE_FLAGS:
+        path = flag_value(argv, flag)
+        try:
+            secrets += [read_key_file(path, flag)] if path else []
+        except DominoOptionError:
+            pass  # SGLang's parse stops the server on it (server_flags.apply_key_files)
     if not secrets:
         return []
     make_record = logging.getLogRecordFactory()

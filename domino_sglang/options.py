@@ -20,9 +20,11 @@ resolves and logs the config once (algorithm.resolve_server_args: bad values sto
 before it forks); the worker resolves the same sources again in its own process.
 
 The environment is read here for one thing only, the launcher's API-key defaults
-(`key_from_environment`): a secret in the environment (a Kubernetes Secret, deploy/) stays out of
-shell history and the process list. Otherwise environment variables carry only what is not a
-serving option (DOMINO_SGLANG_HOME: paths.py; the CPU runtime's kill switches: cpu/bootstrap.py).
+(`key_from_environment`, read as `domino-sglang serve` builds SGLang's command): a key in the
+environment stays out of shell history, though it then stands on the server's command line; a
+key file (`--api-key-file`, server_flags.KEY_FILE_FLAGS) keeps it off every command line.
+Otherwise environment variables carry only what is not a serving option (DOMINO_SGLANG_HOME:
+paths.py; the CPU runtime's kill switches: cpu/bootstrap.py).
 """
 
 from __future__ import annotations

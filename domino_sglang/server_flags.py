@@ -1,8 +1,10 @@
 """The plugin's own SGLang server flags: added to SGLang's parser, read back once at launch.
 
-Two groups: the HTTP guards' `--domino-*` flags (here, kept in `current()`), and DOMINO's
-`--speculative-domino-*` serving options (options.py, kept on the ServerArgs record for the
-scheduler process).
+Three groups: the HTTP guards' `--domino-*` flags (here, kept in `current()`), the key files
+(`--domino-api-key-file`, `--domino-admin-api-key-file`: SGLang's `--api-key` /
+`--admin-api-key` read from a file, a mounted Secret, so the key is in no command line), and
+DOMINO's `--speculative-domino-*` serving options (options.py, kept on the ServerArgs record
+for the scheduler process).
 
 SGLang loads plugins before it parses the command line, so the plugin adds its flags to
 `ServerArgs.add_cli_args` (they show in `python -m sglang.launch_server --help`) and reads their
@@ -39,6 +41,44 @@ class HttpOptions:
 
 
 GUARDS_FLAG = "--domino-guards"
+# each key-file flag and the SGLang flag whose value it holds
+KEY_FILE_FLAGS = {"--domino-api-key-file": "--api-key",
+                  "--domino-admin-api-key-file": "--admin-api-key"}
+
+
+def read_key_file(path: str, flag: str) -> str:
+    """The key held in the file at `path` (surrounding whitespace, a trailing newline, dropped);
+    a missing, unreadable or empty file raises options.DominoOptionError naming `flag`."""
+    from domino_sglang.options import DominoOptionError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            key = f.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or "not UTF-8 text"
+        raise DominoOptionError(f"{flag} {path}: cannot read it ({reason})") from None
+    if not key:
+        raise DominoOptionError(f"{flag} {path}: the file is empty")
+    return key
+
+
+def apply_key_files(namespace: argparse.Namespace) -> None:
+    """Set SGLang's api_key / admin_api_key on a parsed namespace from the key-file flags given;
+    a key given both ways raises options.DominoOptionError."""
+    from domino_sglang.options import DominoOptionError
+
+    for file_flag, key_flag in KEY_FILE_FLAGS.items():
+        path = getattr(namespace, _dest(file_flag), None)
+        if not path:
+            continue
+        key_dest = _dest(key_flag)
+        if getattr(namespace, key_dest, None):
+            raise DominoOptionError(f"{key_flag} and {file_flag} are both given: give one")
+        setattr(namespace, key_dest, read_key_file(path, file_flag))
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
 
 
 def guards_apply(server_args, options: HttpOptions | None = None) -> bool:
@@ -136,6 +176,12 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
              "naming the problem for bodies, token ids and logprob counts that stock SGLang "
              "answers with a 500 or dies on. Default on; the access rules above and the API-key "
              "log redaction stay on either way.")
+    keys = parser.add_argument_group("domino_sglang key files")
+    for file_flag, key_flag in KEY_FILE_FLAGS.items():
+        keys.add_argument(
+            file_flag, default=None, metavar="PATH",
+            help=f"read {key_flag} from this file (e.g. a mounted Kubernetes Secret): the key "
+                 f"is then in no command line or process list. Not with {key_flag}.")
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -158,7 +204,10 @@ def check_flags(argv: list[str]) -> dict[str, Any]:
 
     parser = _RaisingParser(add_help=False, allow_abbrev=False)
     add_flags(parser)
+    for key_flag in KEY_FILE_FLAGS.values():  # SGLang's own, to check the key files against
+        parser.add_argument(key_flag, default=None)
     namespace, _sglang_own = parser.parse_known_args(list(argv))
+    apply_key_files(namespace)
     return options.flags_from_namespace(namespace)
 
 
@@ -181,6 +230,7 @@ def _after_add_cli_args(_result, parser: argparse.ArgumentParser) -> None:
 
 def _before_from_cli_args(cls, namespace: argparse.Namespace) -> None:
     read_flags(namespace)
+    apply_key_files(namespace)
 
 
 def _after_from_cli_args(server_args, cls, namespace: argparse.Namespace) -> None:

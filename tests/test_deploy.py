@@ -364,13 +364,20 @@ def test_helm_options_reach_the_server():
                     "--set", "model.path=/models/qwen", "--set", "model.drafter=org/d")
     server = kinds["Deployment"][0]
     c = server["spec"]["template"]["spec"]["containers"][0]
+    key_file = "/etc/domino-sglang/api-key/api-key"  # the Secret's key, mounted read-only
     assert c["args"] == ["--port", "30000", "--model-path", "/models/qwen", "--drafter", "org/d",
+                         "--api-key-file", key_file,
                          "--", "--speculative-num-draft-tokens", "8",
                          "--speculative-domino-lookup", "off"]
     env = {e["name"]: e for e in c["env"]}
     assert env["DOMINO_SGLANG_NO_ONEDNN_LINEAR"]["value"] == "1"
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "HF_TOKEN"}
-    assert env["DOMINO_SGLANG_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "api"
+    assert "DOMINO_SGLANG_API_KEY" not in env  # a file, not the environment
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "api-key")
+    assert key_file.startswith(mount["mountPath"] + "/") and mount["readOnly"]
+    volume = next(v for v in server["spec"]["template"]["spec"]["volumes"]
+                  if v["name"] == "api-key")
+    assert volume["secret"]["secretName"] == "api" and volume["secret"]["defaultMode"] == 0o440
     _check_server_pod(server, kinds)
 
 

@@ -8,7 +8,8 @@ Configured as an operator would run it, and small enough to be under pressure:
     test_domino_server.py), on prompts whose answer repeats a word whole blocks are accepted, so
     one server exercises both rejected and accepted rounds;
   - a KV pool of POOL tokens, far below what 48 running requests need, so loads queue and retract;
-  - `--api-key` and `--admin-api-key`: every request here carries AUTH, admin routes ADMIN_AUTH;
+  - the API key from a file (`serve --api-key-file`) and `--admin-api-key` on SGLang's command
+    line: every request here carries AUTH, admin routes ADMIN_AUTH;
   - --speculative-domino-adaptive off: every round verifies a full block, even at batch sizes
     where the adaptive policy would decode plainly, so the speculative path is what gets the load;
   - --speculative-domino-debug-gpu-shape on: the round takes the decisions a GPU server takes
@@ -45,10 +46,12 @@ def rel_drafter(target_path, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def rel_server(rel_drafter, references):  # references first: AR work done before DOMINO starts
+def rel_server(rel_drafter, references, tmp_path_factory):  # references first: AR work done
+    key_file = tmp_path_factory.mktemp("keys") / "api-key"  # before DOMINO starts
+    key_file.write_text(API_KEY + "\n")
     server = SharedServer(
         "reliability",
-        ["--dtype", "float32", "--max-total-tokens", str(POOL), "--api-key", API_KEY],
+        ["--dtype", "float32", "--max-total-tokens", str(POOL), "--api-key-file", str(key_file)],
         ["--speculative-algorithm", "DOMINO", "--speculative-draft-model-path", str(rel_drafter),
          "--admin-api-key", ADMIN_KEY, "--speculative-domino-adaptive", "off",
          "--speculative-domino-debug-gpu-shape", "on"])

@@ -8,7 +8,9 @@ test_pickles_beside_safetensors_are_refused, test_auto_map_anywhere_is_metadata.
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import subprocess
 import sys
 
@@ -17,7 +19,7 @@ import requests
 
 from domino_sglang import cli
 from domino_sglang.guards import install_log_redaction, redact_command
-from tests.reliability.client import ADMIN_AUTH, API_KEY, AUTH
+from tests.reliability.client import ADMIN_AUTH, ADMIN_KEY, API_KEY, AUTH
 
 # Open by design in SGLang 0.5.23 (utils/auth.py: probes and Prometheus scrapes need no secret):
 # every path starting with one of these.
@@ -43,6 +45,49 @@ def test_serve_passes_the_admin_key_from_the_environment(target_path, monkeypatc
     cmd, _ = cli.build_serve_command(args, [])
     assert cmd[cmd.index("--admin-api-key") + 1] == "adm-env-3"
     assert "adm-env-3" not in " ".join(redact_command(cmd))
+
+
+def test_serve_reads_keys_from_files(target_path, tmp_path, monkeypatch):
+    """--api-key-file / --admin-api-key-file: the path goes to SGLang as the plugin's key-file
+    flag (the key on no command line), over the environment's key; SGLang's parse, through the
+    plugin's hook, sets api_key from it; every bad file or a key given twice is one line."""
+    from domino_sglang import server_flags
+    from domino_sglang.options import DominoOptionError
+
+    monkeypatch.setenv("DOMINO_SGLANG_API_KEY", "env-key-55")
+    key, admin = tmp_path / "key", tmp_path / "admin"
+    key.write_text("file-key-1\n")
+    admin.write_text("  adm-file-2  ")
+    args = cli.make_parser().parse_args(["serve", "--model-path", str(target_path), "--device",
+                                         "cpu", "--api-key-file", str(key),
+                                         "--admin-api-key-file", str(admin)])
+    cmd, _ = cli.build_serve_command(args, [])
+    assert cmd[cmd.index("--domino-api-key-file") + 1] == str(key)
+    assert cmd[cmd.index("--domino-admin-api-key-file") + 1] == str(admin)
+    assert "--api-key" not in cmd and not [a for a in cmd if "key-" in a and "file" not in a]
+    namespace = argparse.Namespace(api_key=None, admin_api_key=None, domino_api_key_file=str(key),
+                                   domino_admin_api_key_file=str(admin))
+    server_flags.apply_key_files(namespace)
+    assert (namespace.api_key, namespace.admin_api_key) == ("file-key-1", "adm-file-2")
+    assert install_log_redaction(["x", "--domino-api-key-file", str(key)]) == ["file-key-1"]
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    for argv, message in (
+            (["--domino-api-key-file", str(tmp_path / "missing")],
+             "--domino-api-key-file .*missing: cannot read it"),
+            (["--domino-admin-api-key-file", str(empty)],
+             "--domino-admin-api-key-file .*empty: the file is empty"),
+            (["--api-key", "k", "--domino-api-key-file", str(key)],
+             "--api-key and --domino-api-key-file are both given")):
+        with pytest.raises(DominoOptionError, match=message):
+            server_flags.check_flags(argv)
+    for argv, message in ((["--api-key", "k", "--api-key-file", str(key)], "both given"),
+                          (["--api-key-file", str(empty)], "--api-key-file .*: the file is empty")):
+        proc = subprocess.run([sys.executable, "-m", "domino_sglang.cli", "serve", "--dry-run",
+                               "--no-speculation", "--port", "0", *argv], capture_output=True,
+                              text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert proc.returncode != 0 and re.search(message, proc.stderr), proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_serve_dry_run_never_prints_the_key(target_path):
@@ -150,10 +195,30 @@ def test_realtime_websocket_needs_the_key(rel_server):
         ws.close()
 
 
+def _tree_command_lines(pid: int) -> list[str]:
+    """The command lines of process `pid` and every descendant (/proc)."""
+    lines, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            lines.append(open(f"/proc/{p}/cmdline", "rb").read().decode(errors="replace"))
+            children = open(f"/proc/{p}/task/{p}/children").read().split()
+        except OSError:
+            continue  # gone meanwhile
+        todo += [int(c) for c in children]
+    return lines
+
+
 @pytest.mark.server
 def test_server_log_holds_no_secret_and_binds_loopback(rel_server):
-    assert API_KEY not in rel_server.log()
-    assert "--api-key <redacted>" in rel_server.log()  # our printed command
+    assert API_KEY not in rel_server.log()  # SGLang logs server_args: the file's key redacted
+    assert ADMIN_KEY not in rel_server.log()  # ... as the admin key given on its command line
+    assert "--domino-api-key-file" in rel_server.log()  # our printed command
+    # the file's key is on no command line of the server's processes (the admin key is)
+    lines = _tree_command_lines(rel_server.proc.pid)
+    assert len(lines) >= 3, lines  # the launcher, its scheduler and detokenizer at least
+    assert not [line for line in lines if API_KEY in line]
+    assert any(ADMIN_KEY in line for line in lines)
     # the listening socket is 127.0.0.1 only (/proc/net/tcp: 0100007F = 127.0.0.1, state 0A)
     port = f"{rel_server.port:04X}"
     listening = [line.split()[1] for line in open("/proc/net/tcp").read().splitlines()[1:]
