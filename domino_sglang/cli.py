@@ -17,12 +17,7 @@ from pathlib import Path
 
 from domino_sglang import paths
 from domino_sglang.guards import flag_value, redact_command
-from domino_sglang.options import (
-    ADMIN_API_KEY_ENV,
-    API_KEY_ENV,
-    DominoOptionError,
-    key_from_environment,
-)
+from domino_sglang.options import DominoOptionError
 from domino_sglang.server_flags import GUARDS_FLAG, KEY_FILE_FLAGS, read_key_file
 
 
@@ -64,9 +59,8 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
     ]
     if not _has_flag(extra, GUARDS_FLAG):  # serve's servers are guarded, DOMINO or not
         cmd += [GUARDS_FLAG, "on"]
-    cmd += _key_args(args.api_key, args.api_key_file, "--api-key", API_KEY_ENV)
-    cmd += _key_args(args.admin_api_key, args.admin_api_key_file, "--admin-api-key",
-                     ADMIN_API_KEY_ENV)
+    cmd += _key_args(args.api_key, args.api_key_file, "--api-key")
+    cmd += _key_args(args.admin_api_key, args.admin_api_key_file, "--admin-api-key")
     if args.tp_size < 1:
         _fail(f"--tp-size must be >= 1, got {args.tp_size}")
     if args.tp_size > 1:
@@ -119,10 +113,10 @@ def build_serve_command(args: argparse.Namespace, extra: list[str]) -> tuple[lis
     return cmd + extra, env
 
 
-def _key_args(key: str | None, path: str | None, flag: str, env_name: str) -> list[str]:
+def _key_args(key: str | None, path: str | None, flag: str) -> list[str]:
     """SGLang's arguments for one key: from its file (`--api-key-file`: checked here, passed as
-    the plugin's key-file flag, so the key is in no command line), else the key given or the
-    environment's (passed as `flag KEY`, visible in the server's process list)."""
+    the plugin's key-file flag, so the key is in no command line), else the key given (passed
+    as `flag KEY`, visible in the server's process list)."""
     file_flag = next(f for f, k in KEY_FILE_FLAGS.items() if k == flag)
     if path is not None:
         if key is not None:
@@ -132,7 +126,6 @@ def _key_args(key: str | None, path: str | None, flag: str, env_name: str) -> li
         except DominoOptionError as exc:
             _fail(f"serve: {exc}")
         return [file_flag, str(Path(path).resolve())]
-    key = key or key_from_environment(env_name)
     return [flag, key] if key else []
 
 
@@ -648,17 +641,15 @@ def make_parser() -> argparse.ArgumentParser:
                    help="CPU KV pool size in tokens (default 65536)")
     s.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` on the API (SGLang's --api-key; "
-                        "default: env DOMINO_SGLANG_API_KEY; /health and /metrics stay open). "
-                        "A key given here or in the environment is on the server's command "
-                        "line, which local users can list: --api-key-file keeps it off")
+                        "/health and /metrics stay open). A key given here is on the server's "
+                        "command line, which local users can list: --api-key-file keeps it off")
     s.add_argument("--api-key-file", default=None, metavar="PATH",
                    help="read --api-key from this file (e.g. a mounted Kubernetes Secret)")
     s.add_argument("--admin-api-key", default=None,
                    help="the key of the admin routes (weight updates, cache flush, aborts, "
-                        "profiling; SGLang's --admin-api-key; default: env "
-                        "DOMINO_SGLANG_ADMIN_API_KEY); without it they answer 403. More HTTP "
-                        "options after `--`: --domino-allowed-origins, --domino-allowed-hosts, "
-                        "--domino-max-request-bytes")
+                        "profiling; SGLang's --admin-api-key); without it they answer 403. "
+                        "More HTTP options after `--`: --domino-allowed-origins, "
+                        "--domino-allowed-hosts, --domino-max-request-bytes")
     s.add_argument("--admin-api-key-file", default=None, metavar="PATH",
                    help="read --admin-api-key from this file")
     s.add_argument("--dry-run", action="store_true", help="print the command, do not run it")

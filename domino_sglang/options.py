@@ -19,12 +19,9 @@ bookkeeping attribute SGLang's `ServerArgs.__reduce__` carries to every child pr
 resolves and logs the config once (algorithm.resolve_server_args: bad values stop the server
 before it forks); the worker resolves the same sources again in its own process.
 
-The environment is read here for one thing only, the launcher's API-key defaults
-(`key_from_environment`, read as `domino-sglang serve` builds SGLang's command): a key in the
-environment stays out of shell history, though it then stands on the server's command line; a
-key file (`--api-key-file`, server_flags.KEY_FILE_FLAGS) keeps it off every command line.
-Otherwise environment variables carry only what is not a serving option (DOMINO_SGLANG_HOME:
-paths.py; the CPU runtime's kill switches: cpu/bootstrap.py).
+Nothing here is read from the environment: environment variables carry only what is not a
+serving option (DOMINO_SGLANG_HOME: paths.py; the CPU runtime's kill switches:
+cpu/bootstrap.py). The API keys are flags or files (server_flags.KEY_FILE_FLAGS).
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -40,13 +36,6 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 TRUE, FALSE = ("on", "true", "1"), ("off", "false", "0")
-# where `domino-sglang serve` takes its --api-key / --admin-api-key defaults from
-API_KEY_ENV, ADMIN_API_KEY_ENV = "DOMINO_SGLANG_API_KEY", "DOMINO_SGLANG_ADMIN_API_KEY"
-
-
-def key_from_environment(name: str) -> str | None:
-    """The key environment variable `name` holds (API_KEY_ENV, ADMIN_API_KEY_ENV), or None."""
-    return os.environ.get(name) or None
 
 # SGLang's own candidate-pool flag and its default (srt/arg_groups/fields/spec.py)
 POOL_FLAG, POOL_FLAG_DEFAULT = "--speculative-domino-candidate-pool-size", 2048

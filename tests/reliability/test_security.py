@@ -9,7 +9,6 @@ test_pickles_beside_safetensors_are_refused, test_auto_map_anywhere_is_metadata.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -38,23 +37,16 @@ def test_serve_command_passes_the_key_and_prints_it_redacted(target_path, capsys
     assert "--api-key <redacted>" in shown and "--admin-api-key=<redacted>" in shown
 
 
-def test_serve_passes_the_admin_key_from_the_environment(target_path, monkeypatch):
-    monkeypatch.setenv("DOMINO_SGLANG_ADMIN_API_KEY", "adm-env-3")
-    args = cli.make_parser().parse_args(["serve", "--model-path", str(target_path),
-                                         "--device", "cpu"])
-    cmd, _ = cli.build_serve_command(args, [])
-    assert cmd[cmd.index("--admin-api-key") + 1] == "adm-env-3"
-    assert "adm-env-3" not in " ".join(redact_command(cmd))
-
-
 def test_serve_reads_keys_from_files(target_path, tmp_path, monkeypatch):
     """--api-key-file / --admin-api-key-file: the path goes to SGLang as the plugin's key-file
-    flag (the key on no command line), over the environment's key; SGLang's parse, through the
-    plugin's hook, sets api_key from it; every bad file or a key given twice is one line."""
+    flag (the key on no command line), and no key is read from the environment; SGLang's parse,
+    through the plugin's hook, sets api_key from it; every bad file or a key given twice is one
+    line."""
     from domino_sglang import server_flags
     from domino_sglang.options import DominoOptionError
 
-    monkeypatch.setenv("DOMINO_SGLANG_API_KEY", "env-key-55")
+    monkeypatch.setenv("DOMINO_SGLANG_API_KEY", "env-key-55")  # an old setting, ignored
+    monkeypatch.setenv("DOMINO_SGLANG_ADMIN_API_KEY", "adm-env-3")
     key, admin = tmp_path / "key", tmp_path / "admin"
     key.write_text("file-key-1\n")
     admin.write_text("  adm-file-2  ")
@@ -65,6 +57,10 @@ def test_serve_reads_keys_from_files(target_path, tmp_path, monkeypatch):
     assert cmd[cmd.index("--domino-api-key-file") + 1] == str(key)
     assert cmd[cmd.index("--domino-admin-api-key-file") + 1] == str(admin)
     assert "--api-key" not in cmd and not [a for a in cmd if "key-" in a and "file" not in a]
+    bare = cli.make_parser().parse_args(["serve", "--model-path", str(target_path), "--device",
+                                         "cpu"])
+    cmd, _ = cli.build_serve_command(bare, [])
+    assert not {"--api-key", "--admin-api-key", "env-key-55", "adm-env-3"} & set(cmd)
     namespace = argparse.Namespace(api_key=None, admin_api_key=None, domino_api_key_file=str(key),
                                    domino_admin_api_key_file=str(admin))
     server_flags.apply_key_files(namespace)
@@ -91,13 +87,12 @@ def test_serve_reads_keys_from_files(target_path, tmp_path, monkeypatch):
 
 
 def test_serve_dry_run_never_prints_the_key(target_path):
-    env = {**os.environ, "DOMINO_SGLANG_API_KEY": "env-key-55"}
     proc = subprocess.run([sys.executable, "-m", "domino_sglang.cli", "serve", "--dry-run",
-                           "--no-speculation", "--port", "0"], capture_output=True, text=True,
-                          env=env, timeout=120, stdin=subprocess.DEVNULL)
+                           "--no-speculation", "--port", "0", "--api-key", "flag-key-55"],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
-    assert "--api-key <redacted>" in proc.stdout  # the env default is used ...
-    assert "env-key-55" not in proc.stdout + proc.stderr  # ... and never shown
+    assert "--api-key <redacted>" in proc.stdout  # the key is passed on ...
+    assert "flag-key-55" not in proc.stdout + proc.stderr  # ... and never shown
 
 
 def test_log_records_are_redacted(caplog):
