@@ -248,38 +248,38 @@ class NativeHead:
         scratch = torch.empty(bs * max(self.C + self.E, self.H + 6 * self.G), dtype=torch.float32)
         if n > 1:
             self._gru(bonus.to(torch.int64).contiguous(), s, scratch)
-        chain = torch.empty(bs, n, dtype=torch.int64)
+        # position-major, so each position's row is contiguous for the kernel: [n, bs] each
+        chain = torch.empty(n, bs, dtype=torch.int64)
+        won = torch.empty(n, bs, dtype=torch.bool)
+        gate = None
+        if copy is not None:  # the gate's per-position logits [n, bs] and match logits, once
+            gate = (copy.z_logit.t().contiguous(), copy.match_logit.contiguous())
         for i in range(n):
-            nxt, won = self._pick(zf[:, i], s, base[:, i], i > 0, copy, i, scratch,
-                                  pool if i > 0 else None)
-            chain[:, i] = nxt
+            self._pick(i, zf[:, i], s, base[:, i], copy, gate, pool, chain[i], won[i], scratch)
             if copy is not None:
-                copy.append(nxt, won)
+                copy.append(chain[i], won[i])
             if i + 1 < n:
-                self._gru(nxt, s, scratch)
-        return chain
+                self._gru(chain[i], s, scratch)
+        return chain.t().contiguous()
 
-    def _pick(self, z: torch.Tensor, s: torch.Tensor, base: torch.Tensor, head: bool,
-              copy: PointerCopy | None, i: int, scratch: torch.Tensor,
-              pool: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Position i's drafts and whether each is the copy: (next [bs] int64, won [bs] bool).
-        z [bs, H], s [bs, G], base [bs, C] (rows may be strided); head: position i >= 1 (the
-        head's correction; position 0 is the base logits alone); pool: the candidate pool's
-        (base [bs, n, K], W2 rows [bs, K, E], ids [bs, K]) for positions >= 1, or None."""
-        bs = base.shape[0]
+    def _pick(self, i: int, z: torch.Tensor, s: torch.Tensor, base: torch.Tensor,
+              copy: PointerCopy | None, gate: tuple[torch.Tensor, torch.Tensor] | None,
+              pool: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+              nxt: torch.Tensor, won: torch.Tensor, scratch: torch.Tensor) -> None:
+        """Position i's drafts into nxt [bs] int64 and whether each is the copy into won [bs]
+        bool. z [bs, H], s [bs, G], base [bs, C] (rows may be strided); positions >= 1 add the
+        head's correction (position 0 is the base logits alone) and score the candidate pool's
+        columns where there is one (base [bs, n, K], W2 rows [bs, K, E], ids [bs, K]); gate:
+        the copy gate's logits ([n, bs], [max_match + 1]) with a copy path."""
+        bs, head = base.shape[0], i > 0
         pool_w2 = pool_ids = None
-        if pool is not None:
+        if pool is not None and head:
             base, pool_w2, pool_ids = pool[0][:, i], pool[1], pool[2]
-        nxt = torch.empty(bs, dtype=torch.int64)
-        won = torch.zeros(bs, dtype=torch.bool)
         cand = match = gate_z = match_logit = None
         if copy is not None:
-            found = copy.found()  # (c, n) per row, host lookups
-            cand = torch.tensor([c for c, _ in found], dtype=torch.int64)
-            match = torch.tensor([m for _, m in found], dtype=torch.int64)
-            gate_z = copy.z_logit[:, i].contiguous()  # [bs] fp32
-            match_logit = copy.match_logit.contiguous()  # [max_match + 1] fp32
+            found = torch.tensor(copy.found(), dtype=torch.int64).view(bs, 2).t().contiguous()
+            cand, match = found  # [bs] each: (c, n) per row, host lookups
+            gate_z, match_logit = gate[0][i], gate[1]
         ptr = _pointer_or_none
         _library.domino_head_pick(
             bs, self.H, self.G, self.E, base.shape[1], int(head), z.data_ptr(), z.stride(0),
@@ -289,7 +289,6 @@ class NativeHead:
             ptr(cand), ptr(match), ptr(gate_z), ptr(match_logit),
             0 if match_logit is None else match_logit.shape[0] - 1, nxt.data_ptr(),
             won.data_ptr(), scratch.data_ptr())
-        return nxt, won
 
     def _gru(self, tokens: torch.Tensor, s: torch.Tensor, scratch: torch.Tensor) -> None:
         _library.domino_gru_step(s.shape[0], self.H, self.G, self.embed.data_ptr(),
