@@ -62,10 +62,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 from methods import CHOICES, METHODS, canonical  # noqa: E402
 
-from domino_sglang import data  # noqa: E402
 from domino_sglang.bench.stats import vs_ar  # noqa: E402
+from domino_sglang.cli.local_server import sse_chunks, start_server  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
-from domino_sglang.local_server import sse_chunks, start_server  # noqa: E402
+from domino_sglang.train import prompt_sets  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DATASETS = {"mtbench": 80, "humaneval": 164, "gsm8k": 200}
@@ -234,7 +234,8 @@ def main() -> None:
             ap.error(f"--report-only: {log} does not exist")
         settings = json.loads(log.read_text().splitlines()[0])["settings"]
         args.limit = settings["limit"]
-    prompts = {s: data.load(s, args.limit or n)[: args.limit or n] for s, n in DATASETS.items()}
+    prompts = {s: prompt_sets.load(s, args.limit or n)[: args.limit or n]
+               for s, n in DATASETS.items()}
     if args.report_only:
         write_report(args.out, settings, *load_log(log, settings), prompts)
         return

@@ -1,9 +1,9 @@
 """Compare drafters offline on target answers none of them trained on.
 
 For each drafter folder: `tau_rollout` (the served greedy rollout over 16 random anchors per
-record, head on / backbone only; `trainer.rollout_tau`) and the exact served-equivalent replay
-of each whole answer with a fixed block (`trainer.replay_rounds`: generated tokens / verify
-rounds, what a DOMINO server would report for that answer).
+record, head on / backbone only; `train.evaluate.rollout_tau`) and the exact served-equivalent
+replay of each whole answer with a fixed block (`train.evaluate.replay_rounds`: generated tokens
+/ verify rounds, what a DOMINO server would report for that answer).
 
 Records are either regenerated ShareGPT answers in an id range (no server):
 
@@ -28,20 +28,18 @@ from pathlib import Path
 
 import torch
 
-from domino_sglang.config import DraftConfig, load_draft_config
+from domino_sglang.cli.local_server import start_server
 from domino_sglang.cpu.dtype import default_cpu_dtype
-from domino_sglang.model import DominoDrafter
+from domino_sglang.model.config import DraftConfig, load_draft_config
+from domino_sglang.model.drafter import DominoDrafter
+from domino_sglang.model.vocab import load_draft_vocab
 from domino_sglang.paths import target_dir
 from domino_sglang.train import evalset
-from domino_sglang.train.trainer import (
-    DrafterTrainModule,
-    TargetFeatures,
-    TrainConfig,
-    load_records,
-    replay_rounds,
-    rollout_tau,
-)
-from domino_sglang.vocab import load_draft_vocab
+from domino_sglang.train.config import TrainConfig
+from domino_sglang.train.evaluate import replay_rounds, rollout_tau
+from domino_sglang.train.features import TargetFeatures
+from domino_sglang.train.module import DrafterTrainModule
+from domino_sglang.train.records import load_records
 
 DEFAULT_DATA = Path("~/.cache/domino_sglang/data/sharegpt-greedy256.jsonl").expanduser()
 # --eval-set answers kept in git: `domino-sglang data-snapshot save --data
@@ -135,14 +133,14 @@ def main() -> None:
 
 @torch.no_grad()
 def replay_context_vocab(module: DrafterTrainModule, feats: TargetFeatures, rec: dict) -> int:
-    """trainer.replay_rounds (fixed block, head on), each round drafting over the draft
+    """evaluate.replay_rounds (fixed block, head on), each round drafting over the draft
     vocabulary AND every token of the context so far, ids[:a + 1]."""
-    from domino_sglang.config import DEFAULT_CANDIDATE_POOL
-    from domino_sglang.rollout import greedy_rollout
-    from domino_sglang.train.trainer import _head_params
+    from domino_sglang.model.config import DEFAULT_CANDIDATE_POOL
+    from domino_sglang.spec.rollout import greedy_rollout
+    from domino_sglang.train.evaluate import head_params
 
     ids, f = torch.tensor(rec["ids"]), feats(rec)  # [T], [T, K*H]
-    full, vocab = _head_params(module).with_vocab(None), module.draft_vocab
+    full, vocab = head_params(module).with_vocab(None), module.draft_vocab
     T, B = len(ids), module.drafter.conf.block_size
     a, rounds = rec["start"], 0
     while a < T - 1:
@@ -173,7 +171,7 @@ def eval_records(name: str, limit: int, max_tokens: int, url: str | None, max_se
     training data's cache folder; a stale cached answer ends the run naming the file."""
     try:
         return evalset.eval_records(name, limit, max_tokens, url, max_seq_len,
-                                    DEFAULT_DATA.parent, EVAL_SNAPSHOTS)
+                                    DEFAULT_DATA.parent, EVAL_SNAPSHOTS, start_server)
     except ValueError as exc:
         raise SystemExit(f"compare_drafters: {exc}") from exc
 

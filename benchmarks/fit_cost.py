@@ -1,4 +1,4 @@
-"""Fit the adaptive policy's round-cost constants (domino_sglang/policy.py) to round_cost tables.
+"""Fit the adaptive policy's round-cost constants (spec/policy.py) to round_cost tables.
 
 The policy's model of a round verifying L >= 2 tokens per request at batch size bs, in plain
 decode steps, is linear in its three constants:

@@ -24,7 +24,7 @@ assumptions, the shipped 135M drafter's ratios scaled up):
   start-up   RolloutGraphs.capture_startup: its memory figure vs what it allocated, a trace
              that captures nothing more, shrinking batches and histories, the rollout time per
              verify width at each batch size
-  train      a few AdamW steps of the drafter's training loss (train/trainer.DrafterTrainModule:
+  train      a few AdamW steps of the drafter's training loss (train/module.DrafterTrainModule:
              the block drafts, the base-anchored curriculum, the copy gate) on one fixed batch
              of synthetic sequences, fp32 master weights under bf16 autocast on CUDA (as
              `domino-sglang train` runs there): every loss finite, the last below the first
@@ -63,8 +63,9 @@ QUICK = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, inter=128, vocab=512, 
 
 def build(dims: dict, device: torch.device, dtype: torch.dtype):
     """A random drafter, target embedding / lm_head and head view at `dims`."""
-    from domino_sglang.config import DraftConfig
-    from domino_sglang.model import DominoDrafter
+    from domino_sglang.model.config import DraftConfig
+    from domino_sglang.model.drafter import DominoDrafter
+    from domino_sglang.spec.rollout import HeadParams
 
     conf = DraftConfig(
         path=Path("random"), block_size=dims["block"], hidden_size=dims["hidden"],
@@ -87,7 +88,7 @@ def build(dims: dict, device: torch.device, dtype: torch.dtype):
                 p.normal_(0.0, 0.02 if "embed" not in name else 1.0, generator=gen)
     drafter = drafter.to(dtype).eval()
     embed = embed.to(dtype)
-    head = drafter.head(embed, lm_head.to(dtype))
+    head = HeadParams.of(drafter, embed, lm_head.to(dtype))
     return conf, drafter, head
 
 
@@ -126,9 +127,9 @@ def round_inputs(dims: dict, conf, bs: int, device, dtype, seed: int) -> dict:
 
 def draft_fn(kind: str, conf, drafter, head, dims: dict, bs: int):
     """The round's draft side as one function of its inputs: (drafts [bs, B-1], q or picks)."""
-    from domino_sglang.pointer import DevicePointerCopy
-    from domino_sglang.rollout import greedy_rollout, sampled_rollout
-    from domino_sglang.sampling import RoundUniforms, SamplingRows
+    from domino_sglang.spec.pointer import DevicePointerCopy
+    from domino_sglang.spec.rollout import greedy_rollout, sampled_rollout
+    from domino_sglang.spec.sampling import RoundUniforms, SamplingRows
 
     block, n_layers = dims["block"], conf.num_layers
 
@@ -189,7 +190,7 @@ def close(want: torch.Tensor, got: torch.Tensor, dtype: torch.dtype) -> tuple[bo
 
 def check_draft(kind, conf, drafter, head, dims, bs, device, dtype, graphs: bool) -> dict:
     """Static-buffer runner (captured on CUDA) vs the dynamic call, on two rounds' inputs."""
-    from domino_sglang.graphs import StaticRunner
+    from domino_sglang.spec.graphs import StaticRunner
 
     fn = draft_fn(kind, conf, drafter, head, dims, bs)
     first = round_inputs(dims, conf, bs, device, dtype, seed=1)
@@ -221,10 +222,10 @@ def check_rollout_graphs(conf, drafter, head, dims, device, dtype, graphs: bool)
     greedy and sampled, at a full bucket and a padded batch; the share of drafts equal to the
     unpadded dynamic rollout (padding changes the GEMMs' row count, so low bits may move);
     the time of one L = B rollout, replayed vs dynamic."""
-    from domino_sglang.graphs import RolloutGraphs
-    from domino_sglang.pointer import DevicePointerCopy
-    from domino_sglang.rollout import greedy_rollout, sampled_rollout
-    from domino_sglang.sampling import RoundUniforms, SamplingRows
+    from domino_sglang.spec.graphs import RolloutGraphs
+    from domino_sglang.spec.pointer import DevicePointerCopy
+    from domino_sglang.spec.rollout import greedy_rollout, sampled_rollout
+    from domino_sglang.spec.sampling import RoundUniforms, SamplingRows
 
     block, hidden, cap = dims["block"], dims["hidden"], dims["history"]
     make = lambda capture: RolloutGraphs(  # noqa: E731
@@ -274,7 +275,7 @@ def check_draft_widths(conf, drafter, head, dims, device, dtype, graphs: bool) -
     """The draft pass (backbone over [x_t, MASK x (W-1)], a short draft) per verify width W at
     each batch size: eager and, on CUDA, captured (graphs.StaticRunner), in ms; the captured
     pass's drafts equal eager's within FLOAT_TOL."""
-    from domino_sglang.graphs import StaticRunner, verify_widths
+    from domino_sglang.spec.graphs import StaticRunner, verify_widths
 
     out, ok = {}, True
     for bs in dims["batches"]:
@@ -299,7 +300,7 @@ def check_startup_runners(head, drafter, dims, device, dtype, graphs: bool) -> d
     runners, a replayed trace that builds none, the shrinking batch / history sequence that
     once indexed past a narrower history buffer (a device assert on CUDA), and the greedy
     rollout time per verify width at each batch size."""
-    from domino_sglang.graphs import RolloutGraphs, verify_widths
+    from domino_sglang.spec.graphs import RolloutGraphs, verify_widths
 
     block, hidden = dims["block"], dims["hidden"]
     buckets = tuple(sorted({1, 2, 4, 8, *dims["batches"]}))
@@ -346,8 +347,8 @@ def check_startup_runners(head, drafter, dims, device, dtype, graphs: bool) -> d
 
 def check_verify(dims, device, bs: int) -> dict:
     """Greedy acceptance on the device equals the CPU's; sampled acceptance is a valid prefix."""
-    from domino_sglang.sampling import RoundUniforms, SamplingRows, process_logits
-    from domino_sglang.verify import verify_greedy, verify_mixed
+    from domino_sglang.spec.sampling import RoundUniforms, SamplingRows, process_logits
+    from domino_sglang.spec.verify import verify_greedy, verify_mixed
 
     g = torch.Generator().manual_seed(5)
     b, v = dims["block"], dims["vocab"]
@@ -376,7 +377,7 @@ def check_verify(dims, device, bs: int) -> dict:
 
 def check_copy_index(dims, device) -> dict:
     """device_candidates on the device == copy_table on the host, every prefix of 4 histories."""
-    from domino_sglang.pointer import copy_table, device_candidates
+    from domino_sglang.spec.pointer import copy_table, device_candidates
 
     rng = random.Random(0)
     seqs = [[rng.randrange(6) for _ in range(rng.randrange(10, 200))] for _ in range(4)]
@@ -405,10 +406,11 @@ def check_train(dims: dict, device: torch.device) -> dict:
     """`steps` AdamW steps of the training loss on one fixed batch (fp32 master weights, bf16
     autocast on CUDA): losses finite and decreasing from the first step to the last. The
     sequences are learnable (x_{t+1} = x_t + stride), the features random."""
-    from domino_sglang.config import DraftConfig
-    from domino_sglang.model import DominoDrafter
+    from domino_sglang.model.config import DraftConfig
+    from domino_sglang.model.drafter import DominoDrafter
     from domino_sglang.train.curriculum import lambda_at
-    from domino_sglang.train.trainer import DrafterTrainModule, sample_block_anchors
+    from domino_sglang.train.module import DrafterTrainModule
+    from domino_sglang.train.records import sample_block_anchors
 
     conf = DraftConfig(
         path=Path("random"), block_size=dims["block"], hidden_size=dims["hidden"],

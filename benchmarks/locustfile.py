@@ -1,7 +1,7 @@
 """Locust load test of an OpenAI-compatible domino_sglang (or any SGLang) server.
 
 Each simulated user sends chat completions, streaming or not, with prompts drawn from the
-evaluation sets (`domino_sglang.data`: MT-Bench, HumanEval, GSM8K) or from a JSONL file
+evaluation sets (`domino_sglang.train.prompt_sets`: MT-Bench, HumanEval, GSM8K) or from a JSONL file
 (`--prompts FILE.jsonl`, one {"prompt": "..."} or {"messages": [...]} per line). Requests are
 named by prompt set (`chat <set>` / `chat-stream <set>`); locust's statistics hold ONE entry per
 HTTP request (its response_time is the whole answer, its response_length the output tokens), so
@@ -39,13 +39,13 @@ from locust import HttpUser, between, events, task
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from domino_sglang import data  # noqa: E402
 from domino_sglang.bench.loadgen import (  # noqa: E402
     latency_summary,
     load_prompt_file,
     stream_latencies,
 )
-from domino_sglang.local_server import sse_chunks  # noqa: E402
+from domino_sglang.cli.local_server import sse_chunks  # noqa: E402
+from domino_sglang.train import prompt_sets  # noqa: E402
 
 # prompt set name -> chat messages lists
 PROMPTS: dict[str, list[list[dict]]] = {}
@@ -56,8 +56,8 @@ STARTED: dict[str, float] = {}
 
 @events.init_command_line_parser.add_listener
 def _options(parser):
-    parser.add_argument("--prompt-sets", default=",".join(data.EVAL_SETS),
-                        help="comma-separated prompt sets from domino_sglang.data")
+    parser.add_argument("--prompt-sets", default=",".join(prompt_sets.EVAL_SETS),
+                        help="comma-separated prompt sets from domino_sglang.train.prompt_sets")
     parser.add_argument("--prompts", default="",
                         help="JSONL file of prompts ({'prompt': str} or {'messages': [...]} "
                              "per line); replaces --prompt-sets")
@@ -86,7 +86,7 @@ def _load_prompts(environment, **_):
     else:
         for name in opts.prompt_sets.split(","):
             PROMPTS[name.strip()] = [[{"role": "user", "content": p}]
-                                     for p in data.load(name.strip())]
+                                     for p in prompt_sets.load(name.strip())]
     STARTED["t"] = time.time()
 
 

@@ -45,7 +45,7 @@ class Method:
         return "--no-speculation" not in self.serve
 
 
-D = "--speculative-domino-"  # DOMINO's options (domino_sglang/options.py), SGLang flags
+D = "--speculative-domino-"  # DOMINO's options (domino_sglang/spec/options.py), SGLang flags
 
 
 def _domino(*options: str) -> tuple[str, ...]:
@@ -59,10 +59,6 @@ _FULL_BLOCK = (D + "adaptive", "off", D + "lookup", "off")
 
 METHODS: Mapping[str, Method] = MappingProxyType({
     "ar": Method("AR", ("--no-speculation",)),
-    # AR without SGLang's overlap scheduler, which DOMINO's synchronous rounds do not use yet:
-    # isolates what overlap scheduling alone is worth on this machine
-    "ar-sync": Method("AR, no overlap schedule",
-                      ("--no-speculation", "--", "--disable-overlap-schedule")),
     "ngram": Method("NGRAM", ("--no-speculation", "--", "--speculative-algorithm", "NGRAM",
                               "--speculative-num-draft-tokens", "{block}")),
     # the drafter alone, full block every round (tau is the drafter's)
@@ -87,11 +83,6 @@ METHODS: Mapping[str, Method] = MappingProxyType({
     "domino-adaptive": Method("DOMINO adaptive", _domino()),
     # the adaptive policy without prompt lookup: Domino's drafts only
     "domino-adaptive-nolookup": Method("DOMINO adaptive, no lookup", _domino(D + "lookup", "off")),
-    "domino-adaptive-s1": Method("DOMINO adaptive at T",
-                                 _domino(D + "draft-temperature-scale", "1")),
-    # the adaptive policy on its cost prior as it is, without learning costs from round times
-    "domino-adaptive-uncal": Method("DOMINO adaptive, uncalibrated",
-                                    _domino(D + "debug-calibrate", "off")),
     # every round plain (L = 1): what serving through the DOMINO worker costs with no
     # speculation at all (the adaptive policy's floor, probes and warm-up aside)
     "domino-plain": Method("DOMINO plain rounds", _domino(D + "debug-draft-len", "1")),
@@ -104,22 +95,6 @@ METHODS: Mapping[str, Method] = MappingProxyType({
     "ar-tp3": Method("AR, TP 3", ("--no-speculation", "--tp-size", "3")),
     "domino-adaptive-tp3": Method("DOMINO adaptive, TP 3",
                                   ("--drafter", "{drafter}", "--tp-size", "3")),
-    # the target's forward as SGLang's own LlamaModel runs it (cpu/forward.py's lean forward
-    # off): what the lean forward is worth, plain and DOMINO
-    "ar-sglang-forward": Method("AR, SGLang's forward", ("--no-speculation",),
-                                {"DOMINO_SGLANG_NO_LEAN_FORWARD": "1"}),
-    "domino-adaptive-sglang-forward": Method("DOMINO adaptive, SGLang's forward", _domino(),
-                                             {"DOMINO_SGLANG_NO_LEAN_FORWARD": "1"}),
-    # the CPU server's memory on 4 KB pages (serve --cpu-hugepages off): what huge pages are worth
-    "ar-4k-pages": Method("AR, 4 KB pages", ("--no-speculation", "--cpu-hugepages", "off")),
-    "domino-adaptive-4k-pages": Method("DOMINO adaptive, 4 KB pages",
-                                       ("--drafter", "{drafter}", "--cpu-hugepages", "off")),
-    # the native bf16 kernels off (cpu/native.c): linears on oneDNN, norms, rotary and
-    # attention as torch ops; what the kernels are worth
-    "ar-no-native": Method("AR, no native kernels", ("--no-speculation",),
-                           {"DOMINO_SGLANG_NO_NATIVE_KERNELS": "1"}),
-    "domino-adaptive-no-native": Method("DOMINO adaptive, no native kernels", _domino(),
-                                        {"DOMINO_SGLANG_NO_NATIVE_KERNELS": "1"}),
 })
 
 ALIASES: Mapping[str, str] = MappingProxyType({

@@ -1,4 +1,4 @@
-"""The adaptive policy (domino_sglang/policy.py) against simulated drafters: how much of the best
+"""The adaptive policy (spec/policy.py) against simulated drafters: how much of the best
 achievable rate it gets when it must learn the drafter's acceptance from its own rounds.
 
 A simulated drafter keeps the draft at position i with probability alpha_i given the ones before
@@ -41,9 +41,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 
-import domino_sglang.policy  # noqa: E402
+import domino_sglang.spec.policy  # noqa: E402
 from domino_sglang.bench.sim import serve  # noqa: E402
-from domino_sglang.policy import COSTS, CostModel, SpeculationPolicy, cost_model  # noqa: E402
+from domino_sglang.spec.policy import COSTS, CostModel, SpeculationPolicy, cost_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # name -> stretches (alpha_1, alpha_i for i >= 2, rounds), cycled; rounds None: the whole run.
@@ -222,7 +222,8 @@ def main() -> None:
                          "share_min": round(min(r / o for r, o in runs), 3)})
             print(json.dumps(rows[-1]), flush=True)
     prov = provenance.collect()
-    tree = Path(domino_sglang.policy.__file__).resolve().parents[1]  # PYTHONPATH may pick another
+    # PYTHONPATH may pick another tree
+    tree = Path(domino_sglang.spec.policy.__file__).resolve().parents[2]
     prov["policy_tree"] = f"{tree} at {provenance.git_revision(tree)}"
     RESULTS.mkdir(exist_ok=True)
     out = {"provenance": prov, "args": vars(args), "rows": rows}
@@ -232,7 +233,7 @@ def main() -> None:
                f"{args.noise}, spikes {args.spike}")
     lines = [f"## The adaptive policy on simulated drafters ({setting}, "
              f"{args.rounds} rounds, {args.seeds} seeds)", "", provenance.markdown_header(prov),
-             f"- policy: `domino_sglang/policy.py` of {prov['policy_tree']}", "",
+             f"- policy: `domino_sglang/spec/policy.py` of {prov['policy_tree']}", "",
              "| bs | drafter (alpha_1 / alpha_i for i >= 2, x rounds) | policy: mean | min "
              "| oracle | policy / oracle: mean | min |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['bs']} | {r['scenario']} | {r['policy']} | {r['policy_min']} | "

@@ -7,7 +7,7 @@ tokens run at once (ignore_eos, temperature 0), so the batch holds c requests; t
 streamed chunks is the round time (one chunk per request per round). cost(c, L) = gap(DOMINO, L) /
 gap(AR), with the AR gap measured right next to the DOMINO one (the AR server stays up; order
 alternating), so this machine's drift over minutes (+-30% and more) does not enter the ratio.
-The fitted constants of domino_sglang/policy.py come from this table (benchmarks/fit_cost.py).
+The fitted constants of domino_sglang/spec/policy.py come from this table (benchmarks/fit_cost.py).
 
     python benchmarks/round_cost.py --lens 1 2 4 8 16 --concurrency 1 4 16 32
     python benchmarks/round_cost.py --lens 1 2 3 4 8 --concurrency 1 4 --short-draft
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 from serving import RESULTS, mixed_prompts, one_request, run_point  # noqa: E402
 
+from domino_sglang.cli.local_server import start_server  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
-from domino_sglang.local_server import start_server  # noqa: E402
 
 
 def main() -> None:

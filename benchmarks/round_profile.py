@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 from serving import RESULTS, mixed_prompts, run_point  # noqa: E402
 
+from domino_sglang.cli.local_server import start_server  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
-from domino_sglang.local_server import start_server  # noqa: E402
 
 SITE = Path(__file__).resolve().parent / "profile_site"
 METHODS = {"plain decoding": ["--no-speculation"], "DOMINO (served default)": []}

@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 from methods import CHOICES, METHODS, canonical  # noqa: E402
 
-from domino_sglang import data  # noqa: E402
+from domino_sglang.cli.local_server import sse_chunks, start_server  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
-from domino_sglang.local_server import sse_chunks, start_server  # noqa: E402
+from domino_sglang.train import prompt_sets  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -47,7 +47,7 @@ def resolve_drafter(spec: str | None, block_size: int) -> str | None:
 
 def mixed_prompts(n: int) -> list[str]:
     """Round-robin over the evaluation sets so every run sees the same, varied prompts."""
-    sets = [data.load(name) for name in data.EVAL_SETS]
+    sets = [prompt_sets.load(name) for name in prompt_sets.EVAL_SETS]
     return [sets[i % len(sets)][i // len(sets)] for i in range(n)]
 
 

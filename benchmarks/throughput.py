@@ -41,8 +41,8 @@ from methods import CHOICES, METHODS, Method, canonical  # noqa: E402
 from serving import RESULTS, mixed_prompts, one_request, run_point  # noqa: E402
 
 from domino_sglang.bench.stats import paired_cell, paired_speedup  # noqa: E402
+from domino_sglang.cli.local_server import start_server  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
-from domino_sglang.local_server import start_server  # noqa: E402
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -123,7 +123,7 @@ def main() -> None:
                  "--temperatures and --warmup >= 0")
 
     if args.cost is not None:
-        from domino_sglang.options import BY_FIELD, DominoOptionError
+        from domino_sglang.spec.options import BY_FIELD, DominoOptionError
 
         try:
             BY_FIELD["cost"].parse(args.cost, "--cost")

@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 
 def register() -> None:
-    """SGLang plugin entry point (idempotent); see `domino_sglang.plugin`."""
-    from domino_sglang.plugin import register as _register
+    """SGLang plugin entry point (idempotent); see `domino_sglang.integration.plugin`."""
+    from domino_sglang.integration.plugin import register as _register
 
     _register()

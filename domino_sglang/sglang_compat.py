@@ -8,12 +8,12 @@ ScheduleBatch round-state save / restore the worker needs to borrow SGLang's own
 builders, and the registration calls (speculative registry, hooks, model registry).
 
 Imported at the top: the modules the worker needs, all already loaded by any SGLang process
-(importing this module costs ~20 ms there; the plugin's `register()` imports it in every SGLang
+(so importing this module costs little there; the plugin's `register()` imports it in every SGLang
 process). Lazy (inside functions): the model registry (its import scans every model file) and
 the algorithm's registration pieces (algorithm.py is also imported by the CLI, without a server).
 Lazy re-exports (`LAZY`, resolved on first use through the module's `__getattr__`): the names
-the drafter model class (model.py), the CPU runtime (cpu/attention.py, cpu/linear.py) and the
-access rules (security.py) take from SGLang modules nothing else here imports.
+the drafter model class (integration/draft_model.py), the CPU runtime (cpu/attention.py, cpu/linear.py) and the
+access rules (http/access.py) take from SGLang modules nothing else here imports.
 
 Every module that touches SGLang imports this one inside the function that needs it, never at
 its top: the CLI imports guards.py / server_flags.py / options.py without a server, and
@@ -119,7 +119,7 @@ RESOLUTION_STEPS = {
 # Lazy re-exports, as SGLang spells them: name -> SGLang module. `from domino_sglang.sglang_compat
 # import RadixAttention` (inside the function that needs it) imports that module then.
 LAZY: dict[str, str] = {
-    # model.py: the drafter as an SGLang model class
+    # integration/draft_model.py: the drafter as an SGLang model class
     "LogitsProcessorOutput": "sglang.srt.layers.logits_processor",
     "RadixAttention": "sglang.srt.layers.radix_attention",
     "AttentionType": "sglang.srt.layers.radix_attention",
@@ -142,7 +142,7 @@ LAZY: dict[str, str] = {
     "apply_rotary_emb": "sglang.srt.layers.rotary_embedding.utils",
     "RMSNorm": "sglang.srt.layers.layernorm",
     "SiluAndMul": "sglang.srt.layers.activation",
-    # security.py: a route's auth level
+    # http/access.py: a route's auth level
     "AuthLevel": "sglang.srt.utils.auth",
     "_get_auth_level_from_app_and_scope": "sglang.srt.utils.auth",
 }
@@ -204,7 +204,7 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
             "attn_backend", "speculative_num_draft_tokens"),
         "sglang.srt.model_executor.model_runner.ModelRunner._get_attention_backend": (
             "init_new_workspace",),
-        # model.py
+        # integration/draft_model.py
         "sglang.srt.layers.radix_attention.RadixAttention": ("layer_id", "attn_type", "prefix"),
         "sglang.srt.layers.logits_processor.LogitsProcessorOutput": (
             "next_token_logits", "hidden_states"),
@@ -257,9 +257,9 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.srt.layers.aux_hidden_states.AuxHiddenStateList": ("capture",),
         # tp_shard, tp_broadcast, tp.vocab_range: the TP group and the lm_head's shard
         "sglang.srt.distributed.parallel_state.GroupCoordinator": ("broadcast_object",),
-        # security.py
+        # http/access.py
         "sglang.srt.utils.auth.AuthLevel": ("ADMIN_OPTIONAL", "ADMIN_FORCE"),
-        # cli.py: `sglang serve` where the `sglang` console script is missing (a command-line
+        # cli/serve.py: `sglang serve` where the `sglang` console script is missing (a command-line
         # string, run in the launched interpreter)
         "sglang.cli.main": ("main",),
     },
@@ -373,9 +373,9 @@ def rmsnorm_uses_amx() -> bool:
 
 
 def tp_shard():
-    """This process's tp.Shard of the TP group (rank, size, SGLang's all-reduce), or None at
-    TP size 1."""
-    from domino_sglang.tp import Shard
+    """This process's model/shard.py Shard of the TP group (rank, size, SGLang's all-reduce), or
+    None at TP size 1."""
+    from domino_sglang.model.shard import Shard
 
     group = get_tp_group()
     if group.world_size == 1:
@@ -395,19 +395,18 @@ def tp_broadcast():
     return None if group.world_size == 1 else group.broadcast_object
 
 
-def graph_batch_sizes(model_runner, captured: tuple[int, ...]) -> tuple[int, ...]:
+def graph_batch_sizes(model_runner, captured: tuple[int, ...], buckets: tuple[int, ...]
+                      ) -> tuple[int, ...]:
     """The batch sizes the draft side's static buffers are built for: the ones SGLang captured
     its target decode graphs for (`decode_cuda_graph_capture_bs`, what its graph runner really
     captured: the configured sizes clamped to the request pool), or, where it captured none
     (`captured` empty: the CPU's GPU-shaped mode), the sizes it would capture, computed as it
-    computes them (its default list, clamped to the request pool)."""
+    computes them (its default list `buckets`, graphs.BUCKETS, clamped to the request pool)."""
     real = tuple(sorted(getattr(model_runner, "decode_cuda_graph_capture_bs", None) or ()))
     if real or captured:
         return real or tuple(captured)
-    from domino_sglang.graphs import BUCKETS
-
     pool = int(model_runner.req_to_token_pool.size)
-    return tuple(b for b in BUCKETS if b < pool) + (pool,) if pool <= BUCKETS[-1] else BUCKETS
+    return tuple(b for b in buckets if b < pool) + (pool,) if pool <= buckets[-1] else buckets
 
 
 def free_device_memory(device) -> int | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from domino_sglang.local_server import stop_servers_on_sigterm
+from domino_sglang.cli.local_server import stop_servers_on_sigterm
 from tests.servers import SharedServer
 
 torch.set_num_threads(1)
@@ -29,7 +29,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="session")
 def target_path():
-    from domino_sglang.target import prepare_target
+    from domino_sglang.model.target import prepare_target
 
     return prepare_target()
 

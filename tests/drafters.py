@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from domino_sglang.config import load_draft_config, make_draft_config
-from domino_sglang.model import init_drafter_weights, save_drafter
+from domino_sglang.model.config import load_draft_config, make_draft_config
+from domino_sglang.model.drafter import init_drafter_weights, save_drafter
 
 
 def _target(target_dir: Path) -> tuple[dict, torch.Tensor]:

@@ -8,7 +8,7 @@ Memory bounds it: a test server takes ~4.5 GB and the machine 24 GB, so each lan
 at most DOMINO_TEST_SERVERS=2 servers up at once (tests/servers.py stops the least recently used
 shared server to make room). Two lanes that each kept every shared server up went over 24 GB and
 had test servers OOM-killed (2026-12-03). A SIGTERM or Ctrl-C is passed on to the running pytest
-of every lane, which stops the servers it started (domino_sglang.local_server).
+of every lane, which stops the servers it started (domino_sglang.cli.local_server).
 
     python tests/lanes.py [PYTEST_ARGS...]   exit 0 when every run passed (or selected nothing)
 """

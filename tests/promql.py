@@ -56,7 +56,7 @@ def existing_metric_families() -> set[str]:
     """domino_ families from metrics.py plus every sglang: family SGLang 0.5.23 defines."""
     from prometheus_client import CollectorRegistry
 
-    from domino_sglang.metrics import DominoMetrics
+    from domino_sglang.spec.metrics import DominoMetrics
 
     reg = CollectorRegistry()
     DominoMetrics({"model_name": "m"}, registry=reg)

@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from domino_sglang.config import load_draft_config, spread_layer_ids
-from domino_sglang.model import init_drafter_weights
+from domino_sglang.model.config import load_draft_config, spread_layer_ids
+from domino_sglang.model.drafter import init_drafter_weights
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RELEASED = ("qwen3-8b-domino.json", "qwen3-4b-domino.json")

@@ -9,8 +9,8 @@ set 2):
     suite's server), started on first use and kept while there is room; asked for again after
     it was stopped to make room, it is started again (one that died is a failure: the
     reliability tests would not see a crash otherwise);
-  - `start_server`: a server a test or module starts for itself (as domino_sglang.local_server's),
-    counted while it runs.
+  - `start_server`: a server a test or module starts for itself (as
+    domino_sglang.cli.local_server's), counted while it runs.
 Making room stops the least recently used shared server; servers a test started itself are never
 stopped for it (a test that needs more of them at once than the cap goes over it).
 """
@@ -21,8 +21,8 @@ import os
 import threading
 from collections import OrderedDict
 
-from domino_sglang import local_server
-from domino_sglang.local_server import Server
+from domino_sglang.cli import local_server
+from domino_sglang.cli.local_server import Server
 
 CAP = int(os.environ.get("DOMINO_TEST_SERVERS", "3"))
 
@@ -103,5 +103,5 @@ class SharedServer:
 
 def start_server(name: str, serve_args: list[str], sglang_args: list[str] | None = None,
                  **kwargs) -> Server:
-    """domino_sglang.local_server.start_server, counted in this process's cap."""
+    """domino_sglang.cli.local_server.start_server, counted in this process's cap."""
     return POOL.start_own(name, serve_args, sglang_args, **kwargs)

@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from domino_sglang import cli
-from domino_sglang.algorithm import DominoArgsError, resolve_server_args
-from domino_sglang.options import resolve
+from domino_sglang.cli import serve
+from domino_sglang.integration.algorithm import DominoArgsError, resolve_server_args
+from domino_sglang.spec.options import resolve
 from tests.drafters import make_random_drafter
 
 
@@ -29,7 +30,7 @@ def args(drafter, **kw):
 
 def test_cpu_defaults(drafter, caplog):
     a = args(drafter)
-    with caplog.at_level("INFO", logger="domino_sglang.algorithm"):
+    with caplog.at_level("INFO", logger="domino_sglang.integration.algorithm"):
         resolve_server_args(a)
     assert (a.speculative_num_steps, a.speculative_eagle_topk) == (1, 1)
     assert a.speculative_num_draft_tokens == 16  # from the draft config
@@ -53,9 +54,9 @@ def test_gpu_path_uses_flashinfer_and_keeps_cuda_graphs(drafter, monkeypatch, ta
     resolve_server_args(a)
     assert a.speculative_draft_attention_backend == "flashinfer"
     assert a.cuda_graph_max_bs is None  # nothing here turns CUDA graphs off
-    monkeypatch.setattr(cli, "_cuda_available", lambda: True)
+    monkeypatch.setattr(serve, "_cuda_available", lambda: True)
     ns = cli.make_parser().parse_args(["serve", "--model-path", str(target_path)])
-    cmd, env = cli.build_serve_command(ns, [])
+    cmd, env = serve.build_serve_command(ns, [])
     assert cmd[cmd.index("--attention-backend") + 1] == "flashinfer"
     assert "SGLANG_USE_CPU_ENGINE" not in env and "--disable-cuda-graph" not in cmd
 
@@ -90,40 +91,40 @@ def test_tensor_parallel_splits_the_drafter_as_the_target(drafter):
     ([0, 1], 2, "0|1"), ([0, 1, 2, 3], 2, "0-1|2-3"), ([0, 1, 2], 2, "0|1"),
     ([0], 3, "0|0|0"), ([0, 2, 4, 6], 2, "0,2|4,6")])
 def test_serve_splits_the_cores_over_cpu_ranks(cores, ranks, expected):
-    assert cli.cpu_binding(ranks, cores) == expected
+    assert serve.cpu_binding(ranks, cores) == expected
 
 
 def test_serve_passes_tp_size_and_shares_the_threads(monkeypatch, target_path):
-    monkeypatch.setattr(cli, "_cuda_available", lambda: False)
+    monkeypatch.setattr(serve, "_cuda_available", lambda: False)
     ns = cli.make_parser().parse_args(["serve", "--model-path", str(target_path),
                                        "--tp-size", "2", "--threads", "4"])
-    cmd, env = cli.build_serve_command(ns, [])
+    cmd, env = serve.build_serve_command(ns, [])
     assert cmd[cmd.index("--tp-size") + 1] == "2"
     assert env["OMP_NUM_THREADS"] == "2" and env["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 1
     with pytest.raises(SystemExit):  # given twice: refused, not silently doubled
-        cli.build_serve_command(ns, ["--tp-size", "2"])
+        serve.build_serve_command(ns, ["--tp-size", "2"])
     ns.cpu_binding = "1|0"  # the user's binding, as given
-    assert cli.build_serve_command(ns, [])[1]["SGLANG_CPU_OMP_THREADS_BIND"] == "1|0"
+    assert serve.build_serve_command(ns, [])[1]["SGLANG_CPU_OMP_THREADS_BIND"] == "1|0"
 
 
 def test_serve_backs_a_cpu_server_with_huge_pages_unless_told(monkeypatch, target_path):
     """glibc.malloc.hugetlb=1 joins the user's GLIBC_TUNABLES (theirs kept, their own hugetlb
     setting wins); --cpu-hugepages off leaves the environment alone; a GPU server is untouched."""
-    monkeypatch.setattr(cli, "_cuda_available", lambda: False)
+    monkeypatch.setattr(serve, "_cuda_available", lambda: False)
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-    serve = ["serve", "--model-path", str(target_path)]
-    env = cli.build_serve_command(cli.make_parser().parse_args(serve), [])[1]
+    argv = ["serve", "--model-path", str(target_path)]
+    env = serve.build_serve_command(cli.make_parser().parse_args(argv), [])[1]
     assert env["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
-    env = cli.build_serve_command(cli.make_parser().parse_args(serve), [])[1]
+    env = serve.build_serve_command(cli.make_parser().parse_args(argv), [])[1]
     assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")
-    env = cli.build_serve_command(cli.make_parser().parse_args(serve), [])[1]
+    env = serve.build_serve_command(cli.make_parser().parse_args(argv), [])[1]
     assert env["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
-    off = cli.make_parser().parse_args([*serve, "--cpu-hugepages", "off"])
-    assert "GLIBC_TUNABLES" not in cli.build_serve_command(off, [])[1]
-    gpu = cli.make_parser().parse_args([*serve, "--device", "cuda"])
-    assert "GLIBC_TUNABLES" not in cli.build_serve_command(gpu, [])[1]
+    off = cli.make_parser().parse_args([*argv, "--cpu-hugepages", "off"])
+    assert "GLIBC_TUNABLES" not in serve.build_serve_command(off, [])[1]
+    gpu = cli.make_parser().parse_args([*argv, "--device", "cuda"])
+    assert "GLIBC_TUNABLES" not in serve.build_serve_command(gpu, [])[1]
 
 
 def test_not_a_domino_drafter(target_path):
@@ -137,14 +138,14 @@ def test_cpu_default_dtype_follows_native_bf16(native, expected, monkeypatch, ta
     --dtype always wins."""
     from domino_sglang.cpu import dtype as cpu_dtype
 
-    monkeypatch.setattr(cli, "_cuda_available", lambda: False)
+    monkeypatch.setattr(serve, "_cuda_available", lambda: False)
     monkeypatch.setattr(cpu_dtype, "native_bf16", lambda: native)
     ns = cli.make_parser().parse_args(["serve", "--model-path", str(target_path)])
-    cmd, _ = cli.build_serve_command(ns, [])
+    cmd, _ = serve.build_serve_command(ns, [])
     assert cmd[cmd.index("--dtype") + 1] == expected
     ns = cli.make_parser().parse_args(["serve", "--model-path", str(target_path),
                                        "--dtype", "bfloat16"])
-    cmd, _ = cli.build_serve_command(ns, [])
+    cmd, _ = serve.build_serve_command(ns, [])
     assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
 
 
@@ -196,7 +197,7 @@ def launcher_resolution(platform: str, argv: list[str]):
     from sglang.srt.runtime_context import override_platform
     from sglang.srt.server_args import prepare_server_args
 
-    from domino_sglang import plugin
+    from domino_sglang.integration import plugin
 
     plugin.register()
     with override_platform(**PLATFORMS[platform]):

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from domino_sglang.train.config import TrainConfigError, load_train_config
+from domino_sglang.train.records import prepare_data
 from domino_sglang.train.regenerate import chat_prompt_ids, chat_tokenizer
-from domino_sglang.train.trainer import TrainConfigError, load_train_config, prepare_data
 from tests.new_target_fixtures import conversations, make_tokenizer
 
 # Qwen3's switch, reduced to its effect: thinking off pre-fills an empty reasoning block

@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from domino_sglang import cli, target
+from domino_sglang import cli
+from domino_sglang.cli import serve
+from domino_sglang.model import target
 
 
 def _one_line_error(capsys) -> str:
@@ -123,9 +125,9 @@ def test_serve_on_a_port_in_use():
 
 
 def test_serve_cpu_command_line(target_path, monkeypatch):
-    monkeypatch.setattr(cli, "_cuda_available", lambda: False)
+    monkeypatch.setattr(serve, "_cuda_available", lambda: False)
     args = cli.make_parser().parse_args(["serve", "--model-path", str(target_path)])
-    cmd, env = cli.build_serve_command(args, ["--max-total-tokens", "4096"])
+    cmd, env = serve.build_serve_command(args, ["--max-total-tokens", "4096"])
     assert env["SGLANG_USE_CPU_ENGINE"] == "1"
     assert cmd[cmd.index("--attention-backend") + 1] == "domino_cpu"
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
@@ -133,7 +135,7 @@ def test_serve_cpu_command_line(target_path, monkeypatch):
     # the pool is capped by --max-total-tokens; the fraction only gates start-up, and at 0.3
     # a replica on a CI cgroup with 7.3 GB free refused to start (its weights took 31%)
     assert cmd[cmd.index("--mem-fraction-static") + 1] == "0.8"
-    cmd, _ = cli.build_serve_command(args, ["--mem-fraction-static", "0.5"])
+    cmd, _ = serve.build_serve_command(args, ["--mem-fraction-static", "0.5"])
     assert cmd.count("--mem-fraction-static") == 1 and cmd[-1] == "0.5"
 
 
@@ -201,7 +203,7 @@ def test_serve_refuses_a_bad_plugin_flag_before_anything_else(tmp_path, monkeypa
         raise AssertionError("serve went on past a bad flag")
 
     monkeypatch.setattr(target, "prepare_target", never)
-    monkeypatch.setattr(cli.os, "execv", never)
+    monkeypatch.setattr(serve.os, "execv", never)
     with pytest.raises(SystemExit) as exc:
         cli.main(["serve", "--dry-run", "--", *extra])
     assert exc.value.code == 2
@@ -225,7 +227,7 @@ def _free_port() -> int:
 def test_serve_checks_the_domino_options_against_the_drafter(target_path, block4_drafter,
                                                              monkeypatch, capsys):
     """What the launcher would refuse once it has the drafter's block size (here B = 4)."""
-    monkeypatch.setattr(cli.os, "execv", lambda *a: pytest.fail("a dry run exec'd"))
+    monkeypatch.setattr(serve.os, "execv", lambda *a: pytest.fail("a dry run exec'd"))
     base = ["serve", "--dry-run", "--device", "cpu", "--port", str(_free_port()),
             "--model-path", str(target_path), "--drafter", str(block4_drafter), "--"]
     for extra, message in [

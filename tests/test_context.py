@@ -1,10 +1,10 @@
-"""The deferred draft-context writes of plain rounds (domino_sglang/context.py): every row reaches
+"""The deferred draft-context writes of plain rounds (spec/context.py): every row reaches
 its slot before anything reads or reuses it, one projection per flush, no slot twice in one."""
 
 import pytest
 import torch
 
-from domino_sglang.context import DeferredContext
+from domino_sglang.spec.context import DeferredContext
 
 
 class Store:

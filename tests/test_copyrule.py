@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from domino_sglang.copyrule import suffix_matches
+from domino_sglang.spec.suffix_match import suffix_matches
 
 
 def _direct(h: list[int], e: int, max_match: int) -> int:

@@ -150,7 +150,7 @@ def test_draft_base_logits_with_the_packed_lm_head():
     from dataclasses import replace
     from functools import partial
 
-    from domino_sglang.rollout import HeadParams, base_logits
+    from domino_sglang.spec.rollout import HeadParams, base_logits
 
     torch.manual_seed(2)
     w = torch.randn(1000, 64)
@@ -164,8 +164,8 @@ def test_draft_base_logits_with_the_packed_lm_head():
 
 
 def test_pack_linears_packs_the_drafter_backbone_in_place():
-    from domino_sglang.config import parse_draft_config
-    from domino_sglang.model import DominoDrafter
+    from domino_sglang.model.config import parse_draft_config
+    from domino_sglang.model.drafter import DominoDrafter
     from tests.test_drafter_loading import UPSTREAM_LIKE
 
     torch.manual_seed(0)

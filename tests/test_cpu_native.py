@@ -264,8 +264,8 @@ def test_a_bf16_drafter_on_the_native_kernels_computes_what_it_did():
     rotations are apply_rope's bits, its norms within a bf16 step of model.RMSNorm's, so its
     context K/V and backbone output stay within bf16 noise of the torch modules', the state
     dict unchanged; an fp32 drafter is left alone."""
-    from domino_sglang.config import parse_draft_config
-    from domino_sglang.model import DominoDrafter, apply_rope, rope_cos_sin
+    from domino_sglang.model.config import parse_draft_config
+    from domino_sglang.model.drafter import DominoDrafter, apply_rope, rope_cos_sin
     from tests.test_drafter_loading import UPSTREAM_LIKE
 
     torch.manual_seed(8)
@@ -309,7 +309,7 @@ def test_the_native_head_drafts_argmax_q_as_the_reference(vocab):
     where it is set, and a head whose embedding is not bf16 (an fp32 server) gets none."""
     from torch import nn
 
-    from domino_sglang.rollout import greedy_rollout
+    from domino_sglang.spec.rollout import greedy_rollout
     from tests.test_pointer import _gate, _pointer, _reference_pointer_rollout
     from tests.test_rollout import B, H, V, make_head
 
@@ -362,8 +362,8 @@ def test_the_native_head_at_vector_widths_drafts_as_the_torch_loop(vocab_rows, p
     copy's wins included, with and without a draft vocabulary and a candidate pool."""
     from torch import nn
 
-    from domino_sglang.pointer import CopyIndex, PointerCopy
-    from domino_sglang.rollout import HeadParams, greedy_rollout
+    from domino_sglang.spec.pointer import CopyIndex, PointerCopy
+    from domino_sglang.spec.rollout import HeadParams, greedy_rollout
 
     h, g, e, v, block = 40, 20, 37, 150, 7
     torch.manual_seed(11)

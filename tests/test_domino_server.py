@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from domino_sglang.local_server import sse_chunks
+from domino_sglang.cli.local_server import sse_chunks
 from tests.conftest import PROMPTS
 from tests.drafters import make_random_drafter
 from tests.servers import start_server
@@ -113,9 +113,9 @@ def pointer_drafter(random_drafter, tmp_path_factory):
     g = 0.95) drafts the copy candidate wherever the history has one."""
     import json
 
-    from domino_sglang.config import load_draft_config, load_draft_weights
-    from domino_sglang.model import save_drafter
-    from domino_sglang.train.trainer import add_copy_gate
+    from domino_sglang.model.config import load_draft_config, load_draft_weights
+    from domino_sglang.model.drafter import save_drafter
+    from domino_sglang.train.warm_start import add_copy_gate
 
     cfg = json.loads((random_drafter / "config.json").read_text())
     cfg["dflash_config"]["copy_gate"] = True

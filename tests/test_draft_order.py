@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from domino_sglang.drafter import DominoDrafter
-from domino_sglang.proposer import DraftSlots, Proposal
+from domino_sglang.spec.proposers.domino import DominoProposer
+from domino_sglang.spec.proposers.protocol import DraftSlots, Proposal
 
 B, H, BS = 4, 8, 2
 
@@ -22,7 +22,7 @@ class Stop(Exception):
 @pytest.mark.parametrize("static", [False, True])
 def test_the_copy_history_is_sent_before_the_draft_pass(static):
     calls = []
-    drafter = object.__new__(DominoDrafter)  # the drafter's own code, SGLang's pieces stubbed
+    drafter = object.__new__(DominoProposer)  # the drafter's own code, SGLang's pieces stubbed
     drafter.short_draft, drafter.block_size = False, B
     history = (torch.zeros(BS, 3, dtype=torch.int64), torch.ones(BS, dtype=torch.int64))
 
@@ -39,7 +39,7 @@ def test_the_copy_history_is_sent_before_the_draft_pass(static):
         raise Stop
 
     drafter.copy = SimpleNamespace(on_device=True, history=copy_history, for_round=rollout)
-    drafter.draft_block = draft_block
+    drafter.draft_pass = draft_block
     drafter.rollout_graphs = object() if static else None
     drafter.static_rollout = rollout
     chain = torch.zeros(BS, B, dtype=torch.int64)

@@ -9,13 +9,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from domino_sglang.config import (
+from domino_sglang.model.config import (
     DrafterConfigError,
     check_against_target,
     load_draft_config,
     load_draft_weights,
 )
-from domino_sglang.model import DominoDrafter, init_drafter_weights
+from domino_sglang.model.drafter import DominoDrafter, init_drafter_weights
 
 # The released Qwen3-8B Domino drafter's config.json layout, every size scaled down
 # (hidden 4096 -> 32, 5 draft layers -> 2, vocab 151936 -> 64, GRU 1024 -> 16, emb 256 -> 8).
@@ -84,12 +84,12 @@ def test_upstream_layout_loads_and_runs(tmp_path):
 
 def test_head_dtype_converts_only_the_head(tmp_path):
     """The CPU worker keeps the head in fp32 beside a bf16 backbone and bf16 target weights."""
-    from domino_sglang.rollout import greedy_rollout
+    from domino_sglang.spec.rollout import HeadParams, greedy_rollout
 
     conf = load_draft_config(write(tmp_path / "d", UPSTREAM_LIKE))
     model = DominoDrafter.from_pretrained(conf, dtype=torch.bfloat16)
     embed = torch.nn.Embedding(64, 32).to(torch.bfloat16)
-    head = model.head(embed, torch.randn(64, 32, dtype=torch.bfloat16), torch.float32)
+    head = HeadParams.of(model, embed, torch.randn(64, 32, dtype=torch.bfloat16), torch.float32)
     assert head.prefix_gru.weight_hh_l0.dtype == head.embed_proj[2].weight.dtype == torch.float32
     assert model.fc.weight.dtype == model.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16
     z = torch.randn(3, 16, 32, dtype=torch.bfloat16)
@@ -200,7 +200,7 @@ def _tiny_released(name: str) -> dict:
 def test_released_config_loads_and_runs(tmp_path, name):
     """The released layout (auto_map, top-level + nested emb_dim, `model.`-prefixed weights),
     sizes scaled down, loads and drafts. Shown to fail on 780c26f ('asks for remote code')."""
-    from domino_sglang.rollout import greedy_rollout
+    from domino_sglang.spec.rollout import HeadParams, greedy_rollout
     from tests.released_drafters import write_released_drafter
 
     cfg = _tiny_released(name)
@@ -214,8 +214,8 @@ def test_released_config_loads_and_runs(tmp_path, name):
     got = model.state_dict()
     assert all(torch.equal(got[k], want[k]) for k in want)  # every `model.` weight landed
     z = torch.randn(2, 16, 32)
-    chain = greedy_rollout(z, torch.tensor([1, 2]), model.head(torch.nn.Embedding(64, 32),
-                                                               torch.randn(64, 32)))
+    chain = greedy_rollout(z, torch.tensor([1, 2]), HeadParams.of(
+        model, torch.nn.Embedding(64, 32), torch.randn(64, 32)))
     assert chain.shape == (2, 15)
 
 
@@ -354,7 +354,7 @@ def test_sglang_candidate_pool_flag():
     than its default (2048), else the drafter's config holds. 780c26f ignored the flag."""
     from types import SimpleNamespace
 
-    from domino_sglang.options import DominoOptionError, resolve
+    from domino_sglang.spec.options import DominoOptionError, resolve
 
     def pool(config_pool: int, flag: int | None) -> int:
         drafter = SimpleNamespace(candidate_pool=config_pool, short_draft=False,

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from domino_sglang.local_server import sse_chunks
+from domino_sglang.cli.local_server import sse_chunks
 from tests.drafters import make_eos_drafter
 from tests.servers import start_server
 

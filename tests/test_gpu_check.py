@@ -55,7 +55,7 @@ def test_quick_cpu_run_passes_without_sglang(tmp_path):
 
 
 def test_static_runner_reads_its_buffers_and_rejects_other_shapes():
-    from domino_sglang.graphs import StaticRunner, bucket_for
+    from domino_sglang.spec.graphs import StaticRunner, bucket_for
 
     runner = StaticRunner(lambda x: (x * 2,), {"x": torch.zeros(3)}, capture=False)
     assert torch.equal(runner(x=torch.tensor([1.0, 2.0, 3.0]))[0], torch.tensor([2.0, 4.0, 6.0]))

@@ -11,10 +11,10 @@ import random
 import pytest
 import torch
 
-from domino_sglang.graphs import BUCKETS, RolloutGraphs, bucket_for
-from domino_sglang.pointer import DevicePointerCopy
-from domino_sglang.rollout import greedy_rollout, sampled_rollout
-from domino_sglang.sampling import RoundUniforms, SamplingRows
+from domino_sglang.spec.graphs import BUCKETS, RolloutGraphs, bucket_for
+from domino_sglang.spec.pointer import DevicePointerCopy
+from domino_sglang.spec.rollout import greedy_rollout, sampled_rollout
+from domino_sglang.spec.sampling import RoundUniforms, SamplingRows
 from tests.test_pointer import _gate
 from tests.test_rollout import B, H, V, make_head
 
@@ -130,7 +130,7 @@ def test_long_histories_run_at_a_wider_history_buffer():
     """A pointer drafter's history buffer is as wide as the smallest HISTORY_WIDTHS entry
     holding the round's longest history (the copy index scans the whole width): a 300-token
     history rolls out at width 512, exactly as the dynamic rollout, under a key of its own."""
-    from domino_sglang.graphs import HISTORY_WIDTHS, history_width
+    from domino_sglang.spec.graphs import HISTORY_WIDTHS, history_width
 
     assert (history_width(1), history_width(256), history_width(257)) == (256, 256, 512)
     assert history_width(10**9) == HISTORY_WIDTHS[-1]
@@ -227,7 +227,7 @@ def test_a_recorded_trace_takes_the_same_shapes_on_every_device():
     GPU-shaped mode runs it and one configured as CUDA would (capture on, nothing captured
     here), a trace of shrinking and growing batches, widths and sampling takes the same
     shapes, every one a start-up runner."""
-    from domino_sglang.graphs import verify_widths, width_for
+    from domino_sglang.spec.graphs import verify_widths, width_for
 
     # (bs, L wanted, sampled kind or None, history length): a recorded mix of rounds
     trace = [(8, 6, None, 300), (3, 3, "plain", 40), (5, 5, "filters", 120), (1, 2, None, 20),

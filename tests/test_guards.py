@@ -1,4 +1,4 @@
-"""RequestGuard (domino_sglang/guards.py) on a small FastAPI app: the bodies SGLang 0.5.23
+"""RequestGuard (domino_sglang/http/guards.py) on a small FastAPI app: the bodies SGLang 0.5.23
 answers with a 500 become 400s in its OpenAI error shape; every other body reaches the endpoint
 byte for byte. (The same guard inside the real server: tests/reliability/test_bad_requests.py.)"""
 
@@ -10,7 +10,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from domino_sglang.guards import RequestGuard, body_problem
+from domino_sglang.http.guards import RequestGuard, body_problem
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from domino_sglang import paths
-from domino_sglang.hub import is_hub_id
+from domino_sglang.model.hub import is_hub_id
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -119,7 +119,7 @@ def test_is_hub_id(tmp_path):
 
 LAUNCHER = """
 import sys
-from domino_sglang import plugin
+from domino_sglang.integration import plugin
 plugin.register()  # as SGLang's plugin loader does before parsing
 from sglang.srt.arg_groups.overrides import resolved_view
 from sglang.srt.server_args import prepare_server_args

@@ -11,8 +11,8 @@ import time
 import pytest
 import requests
 
-from domino_sglang import local_server
-from domino_sglang.local_server import Server, free_port, port_taken
+from domino_sglang.cli import local_server
+from domino_sglang.cli.local_server import Server, free_port, port_taken
 from tests.servers import start_server
 
 pytestmark = pytest.mark.server
@@ -47,7 +47,7 @@ def test_every_port_taken_fails_with_one_clear_error(monkeypatch):
 CHILD = """
 import subprocess, sys, time
 from pathlib import Path
-from domino_sglang import local_server as ls
+from domino_sglang.cli import local_server as ls
 ls.stop_servers_on_sigterm()
 proc = subprocess.Popen(["sleep", "600"], start_new_session=True)  # stands in for a server
 ls._running.add(ls.Server("stand-in", 0, proc, Path("/dev/null")))

@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from domino_sglang.lookup import (
+from domino_sglang.spec.proposers.lookup import (
     has_recurring_suffix,
     lookup_batch,
     lookup_draft,
@@ -97,7 +97,7 @@ def test_lookup_on_a_repetition():
 def test_host_lookup_costs_no_host_device_sync():
     """lookup_batch runs on the requests' host lists: none of its ops is a host-device transfer
     or synchronisation (syncs.py, the budget of tests/test_sync_budget.py)."""
-    from domino_sglang.syncs import SyncCounter
+    from domino_sglang.spec.syncs import SyncCounter
 
     histories = [torch.tensor([7, 8, 9, 7, 8, 9, 7, 8]), torch.tensor([1, 2, 3, 1, 2])]
     with SyncCounter() as counter:

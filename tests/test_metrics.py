@@ -7,7 +7,7 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
-from domino_sglang.metrics import (
+from domino_sglang.spec.metrics import (
     ROUND_KINDS,
     DominoMetrics,
     RoundClock,
@@ -15,7 +15,7 @@ from domino_sglang.metrics import (
     draft_outcomes,
     head_change_outcomes,
 )
-from domino_sglang.rollout import base_logits, greedy_rollout
+from domino_sglang.spec.rollout import base_logits, greedy_rollout
 from tests.test_rollout import B, H, V, make_head
 
 
@@ -116,7 +116,7 @@ def test_record_round_counts():
 def test_fallback_reasons_per_request_round(capped, block, policy, expected):
     from types import SimpleNamespace
 
-    from domino_sglang.observer import RoundObserver
+    from domino_sglang.spec.observer import RoundObserver
 
     reg = CollectorRegistry()
     observer = RoundObserver(DominoMetrics({"model_name": "m"}, max_draft_len=16, registry=reg),

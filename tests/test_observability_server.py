@@ -19,7 +19,7 @@ import pytest
 import requests
 import yaml
 
-from domino_sglang.local_server import free_port, sse_chunks
+from domino_sglang.cli.local_server import free_port, sse_chunks
 from tests.drafters import make_repeat_drafter
 from tests.promql import ROOT, dashboard_queries, readme_queries
 from tests.servers import start_server

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from domino_sglang import options
-from domino_sglang.options import DominoConfig, DominoOptionError, parse_bool, resolve
-from domino_sglang.policy import SpeculationPolicy, cost_model
+from domino_sglang.spec import options
+from domino_sglang.spec.options import DominoConfig, DominoOptionError, parse_bool, resolve
+from domino_sglang.spec.policy import SpeculationPolicy, cost_model
 
 B = 16
 DRAFTER = SimpleNamespace(candidate_pool=0, short_draft=False, draft_temperature_scale=0.7)
@@ -106,7 +106,7 @@ def test_the_config_is_one_log_line():
 def test_the_launcher_logs_the_config_once(caplog, tmp_path):
     """algorithm.resolve_server_args (the launcher's resolution) builds the config, refuses a bad
     one naming the flag, and logs it as one line."""
-    from domino_sglang import algorithm
+    from domino_sglang.integration import algorithm
     from tests.test_drafter_loading import UPSTREAM_LIKE, write
 
     path = write(tmp_path / "d", UPSTREAM_LIKE)
@@ -118,7 +118,7 @@ def test_the_launcher_logs_the_config_once(caplog, tmp_path):
         max_running_requests=None, max_total_tokens=None, disable_overlap_schedule=True,
         device="cpu", speculative_draft_attention_backend=None, attention_backend=None,
         speculative_token_map=None, _domino_flags={"lookup": False})
-    with caplog.at_level(logging.INFO, logger="domino_sglang.algorithm"):
+    with caplog.at_level(logging.INFO, logger="domino_sglang.integration.algorithm"):
         algorithm.resolve_server_args(args)
     lines = [r.getMessage() for r in caplog.records if "DOMINO config:" in r.getMessage()]
     assert len(lines) == 1 and "adaptive=on lookup=off" in lines[0]
@@ -174,7 +174,7 @@ def test_launch_server_help_lists_the_flags():
 
 def test_serve_pre_parses_the_plugin_flags_among_sglangs():
     """server_flags.check_flags: what `domino-sglang serve` checks before launching SGLang."""
-    from domino_sglang.server_flags import check_flags
+    from domino_sglang.integration.server_flags import check_flags
 
     argv = ["--max-total-tokens", "4096", "--speculative-domino-adaptive", "off",
             "--speculative-domino-debug-draft-len=4,1", "--domino-allowed-hosts", "a,b",

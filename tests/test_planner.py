@@ -1,4 +1,4 @@
-"""The round planner (planner.py): the one place a round's draft length and copied rows are
+"""The round planner (planner.py): the one place a round's draft length and offered rows are
 decided. Tiny fake batches (SGLang's Req / ScheduleBatch fields the planner reads), a stub policy
 whose choices the test sets."""
 
@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from domino_sglang.lookup import PromptLookup
-from domino_sglang.options import resolve
-from domino_sglang.planner import RoundPlanner
-from domino_sglang.policy import SpeculationPolicy
+from domino_sglang.spec.options import resolve
+from domino_sglang.spec.planner import RoundPlanner
+from domino_sglang.spec.policy import SpeculationPolicy
+from domino_sglang.spec.proposers.lookup import PromptLookup
 
 B, MASK, VOCAB = 6, 99, 128
 
@@ -30,11 +30,11 @@ class StubPolicy:
         self.asked.append(("draft_len", bs))
         return self.length
 
-    def lookup_len(self, bs, longest):
-        self.asked.append(("lookup_len", bs, longest))
+    def offer_len(self, name, bs, longest):
+        self.asked.append(("offer_len", name, bs, longest))
         return min(self.copy_len, 1 + longest)
 
-    def may_copy_instead(self):
+    def may_offer_instead(self):
         return self.may_copy
 
 
@@ -58,13 +58,13 @@ REPEAT = [7, 8, 9, 7, 8, 9, 7, 8]  # "7 8" recurs: copies 9 7 8 (the first occur
 
 
 def planner(policy, lookup=True):
-    return RoundPlanner(policy, B, "cpu", PromptLookup(B, MASK, "cpu", VOCAB) if lookup else None)
+    return RoundPlanner(policy, B, "cpu", [PromptLookup(B, MASK, "cpu", VOCAB)] if lookup else [])
 
 
 def test_the_policy_decides_a_drafter_round():
     plan = planner(StubPolicy(length=4)).plan(batch(req(NEW), req(NEW, rid="s")))
-    assert (plan.length, plan.draft_pass, plan.copies, plan.kind) == (4, True, None, "draft")
-    assert plan.looked_up and not plan.sampled and plan.capped is None
+    assert (plan.length, plan.draft_pass, plan.offers, plan.kind) == (4, True, {}, "draft")
+    assert plan.asked and not plan.sampled and plan.capped is None
 
 
 def test_a_seeded_sampled_request_pins_the_full_block():
@@ -78,7 +78,7 @@ def test_a_seeded_sampled_request_pins_the_full_block():
 
 def test_all_capped_rows_decode_plainly_without_lookup():
     plan = planner(StubPolicy(length=4)).plan(batch(req(REPEAT, penalty=0.5)))
-    assert (plan.length, plan.kind, plan.copies, plan.looked_up) == (1, "plain", None, False)
+    assert (plan.length, plan.kind, plan.offers, plan.asked) == (1, "plain", {}, False)
     assert plan.capped_host == [True] and plan.capped.tolist() == [True]
     # the policy off (fixed block): capped rows still verify the block, committing one token
     assert planner(StubPolicy(length=B, enabled=False)).plan(
@@ -89,17 +89,17 @@ def test_a_copy_only_round_is_sized_for_copies():
     policy = StubPolicy(length=4, copy_len=3)
     plan = planner(policy).plan(batch(req(REPEAT), req(REPEAT, rid="s")))
     assert (plan.length, plan.draft_pass, plan.kind) == (3, False, "copy")
-    assert plan.copies.found_host == [True, True] and plan.copies.longest == 3
-    assert plan.copies.drafts[0, :3].tolist() == [9, 7, 8]
+    assert plan.offers["lookup"].found_host == [True, True] and plan.offers["lookup"].longest == 3
+    assert plan.offers["lookup"].drafts[0, :3].tolist() == [9, 7, 8]
     # copies that do not pay: the policy's drafter round, copies dropped
     plan = planner(StubPolicy(length=4, copy_len=1)).plan(batch(req(REPEAT)))
-    assert (plan.length, plan.kind, plan.copies) == (4, "draft", None)
+    assert (plan.length, plan.kind, plan.offers) == (4, "draft", {})
 
 
 def test_mixed_rounds_draft_at_the_drafters_length():
     plan = planner(StubPolicy(length=4, copy_len=2)).plan(batch(req(REPEAT), req(NEW, rid="s")))
     assert (plan.length, plan.draft_pass, plan.kind) == (4, True, "mixed")
-    assert plan.copied.tolist() == [True, False]
+    assert plan.offered.tolist() == [True, False]
 
 
 def test_a_plain_round_may_verify_copies_instead():
@@ -109,19 +109,19 @@ def test_a_plain_round_may_verify_copies_instead():
     for policy, b in ((StubPolicy(length=1), batch(req(REPEAT), req(NEW, rid="s"))),
                       (StubPolicy(length=1, may_copy=False), batch(req(REPEAT)))):
         plan = planner(policy).plan(b)
-        assert (plan.length, plan.kind, plan.looked_up) == (1, "plain", False)
+        assert (plan.length, plan.kind, plan.asked) == (1, "plain", False)
 
 
 def test_lookup_off_never_copies():
     plan = planner(StubPolicy(length=4), lookup=False).plan(batch(req(REPEAT)))
-    assert (plan.length, plan.kind, plan.looked_up) == (4, "draft", False)
+    assert (plan.length, plan.kind, plan.asked) == (4, "draft", False)
 
 
 def test_a_pinned_length_is_not_resized_for_copies():
     policy = StubPolicy(length=4, copy_len=2, pinned=(4,))
     plan = planner(policy).plan(batch(req(REPEAT)))
     assert (plan.length, plan.kind) == (4, "copy")
-    assert not [a for a in policy.asked if a[0] == "lookup_len"]
+    assert not [a for a in policy.asked if a[0] == "offer_len"]
 
 
 def pinned_policy(draft_len: str) -> SpeculationPolicy:
@@ -133,14 +133,14 @@ def pinned_policy(draft_len: str) -> SpeculationPolicy:
 def test_a_pinned_pattern_cycles_by_the_first_requests_committed_length():
     """The policy cycles the pattern (policy.draft_len); the planner hands it the committed
     length, from SGLang's host copy of the lengths or else from the request."""
-    plan = RoundPlanner(pinned_policy("6,1,2"), B, "cpu", None).plan
+    plan = RoundPlanner(pinned_policy("6,1,2"), B, "cpu").plan
     b = batch(req(NEW))  # committed 4 (the host copy of the lengths): pattern[4 % 3] = 1
     assert plan(b).length == 1
     b.seq_lens_cpu = None  # from the request: prompt + output without x_t = 4
     assert plan(b).length == 1
     b.reqs[0].output_ids.append(3)  # committed 5: pattern[2]
     assert plan(b).length == 2
-    assert RoundPlanner(pinned_policy("3"), B, "cpu", None).plan(b).length == 3
+    assert RoundPlanner(pinned_policy("3"), B, "cpu").plan(b).length == 3
 
 
 def test_the_plan_is_frozen():
@@ -154,7 +154,7 @@ def test_rounds_verify_at_a_captured_width(wanted, verified):
     """Where the target verifies from captured graphs (graphs.verify_widths), a round that
     wants L verifies the smallest captured width >= L, with that many real drafts; outside the
     GPU shape (the CPU) every L is a width."""
-    from domino_sglang.graphs import verify_widths
+    from domino_sglang.spec.graphs import verify_widths
 
     assert verify_widths(B) == (1, 2, 4, B) and verify_widths(16) == (1, 2, 4, 8, 16)
     shaped = planner(StubPolicy(length=wanted), lookup=False)
@@ -168,12 +168,14 @@ def test_buckets_are_the_batch_sizes_sglang_captured():
     configured list clamped to the request pool); where it captured none (the CPU's GPU-shaped
     mode), the sizes it would capture for that pool."""
     from domino_sglang.sglang_compat import graph_batch_sizes
+    from domino_sglang.spec.graphs import BUCKETS
 
     runner = SimpleNamespace(decode_cuda_graph_capture_bs=[4, 1, 2])
-    assert graph_batch_sizes(runner, captured=(1, 2, 4, 8, 16)) == (1, 2, 4)
+    assert graph_batch_sizes(runner, captured=(1, 2, 4, 8, 16), buckets=BUCKETS) == (1, 2, 4)
     cpu = SimpleNamespace(decode_cuda_graph_capture_bs=[],
                           req_to_token_pool=SimpleNamespace(size=48))
-    assert graph_batch_sizes(cpu, captured=()) == (1, 2, 4, 8, 16, 24, 32, 40, 48)
+    assert (graph_batch_sizes(cpu, captured=(), buckets=BUCKETS)
+            == (1, 2, 4, 8, 16, 24, 32, 40, 48))
     small = SimpleNamespace(decode_cuda_graph_capture_bs=[],
                             req_to_token_pool=SimpleNamespace(size=6))
-    assert graph_batch_sizes(small, captured=()) == (1, 2, 4, 6)
+    assert graph_batch_sizes(small, captured=(), buckets=BUCKETS) == (1, 2, 4, 6)

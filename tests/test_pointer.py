@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from domino_sglang.config import COPY_MAX_MATCH
-from domino_sglang.pointer import (
+from domino_sglang.model.config import COPY_MAX_MATCH
+from domino_sglang.spec.pointer import (
     copy_index_on_device,
     copy_table,
     copy_wins,
@@ -45,7 +45,7 @@ def test_copy_candidate_follows_the_longest_most_recent_match():
     assert copy_candidate([8, 5, 1, 2, 8, 6, 3, 8]) == (6, 1)
     assert copy_candidate([1, 2, 3]) == (-1, 0)  # the last token never occurred
     # the lookup the server runs finds the same continuation on a recurring suffix
-    from domino_sglang.lookup import lookup_draft
+    from domino_sglang.spec.proposers.lookup import lookup_draft
     h = [7, 8, 9, 5, 8, 4, 8, 3, 7, 8]
     assert int(lookup_draft(torch.tensor(h), 1)[0]) == copy_candidate(h)[0]
 
@@ -145,8 +145,9 @@ def test_a_pointer_drafter_trains_from_a_gateless_init_and_resumes_exactly(tmp_p
     copy_gate and loads with its weights; an interrupted run resumes to the same weights."""
     from safetensors.torch import load_file
 
-    from domino_sglang.config import load_draft_config, load_draft_weights
-    from domino_sglang.train.trainer import load_train_config, train
+    from domino_sglang.model.config import load_draft_config, load_draft_weights
+    from domino_sglang.train.config import load_train_config
+    from domino_sglang.train.loop import train
 
     (tmp_path / "a").mkdir()
     train(load_train_config(None, tiny_overrides(tmp_path / "a", steps=3)), progress=False)
@@ -176,7 +177,7 @@ def test_copy_index_answers_as_copy_table_round_by_round():
     """The served index (pointer.CopyIndex: histories indexed incrementally, the round's chain
     scanned) gives every position exactly copy_table's candidate of history + chain, as the
     drafter was trained; a history that no longer extends the index is indexed afresh."""
-    from domino_sglang.pointer import CopyIndex
+    from domino_sglang.spec.pointer import CopyIndex
 
     rng = random.Random(1)
     for trial in range(60):
@@ -208,7 +209,7 @@ def _gate(bias: float, seed: int = 0):
 
 
 def _pointer(gate, histories):
-    from domino_sglang.pointer import CopyIndex, PointerCopy
+    from domino_sglang.spec.pointer import CopyIndex, PointerCopy
 
     indexes = []
     for h in histories:
@@ -222,7 +223,7 @@ def _reference_pointer_rollout(z, histories, head, gate, use_head=True, vocab=No
     the draft vocabulary), the GRU over the whole prefix, c from copy_table of history + chain,
     q = (1 - g) softmax + g onehot(c) built explicitly, the draft its argmax. Returns the drafts
     [bs, B-1] and where they are the copy [bs, B-1] bool."""
-    from domino_sglang.pointer import gate_inputs
+    from domino_sglang.spec.pointer import gate_inputs
     from tests.test_rollout import B, V
 
     mask = torch.zeros(V)
@@ -260,7 +261,7 @@ def test_pointer_greedy_rollout_drafts_the_argmax_of_q(pool, vocab, use_head):
     copies happen (power: a strong gate copies, tokens outside the draft vocabulary included)
     and a closed gate drafts as without one. The copy path records where the copy was drafted
     (the metrics' copied positions)."""
-    from domino_sglang.rollout import greedy_rollout
+    from domino_sglang.spec.rollout import greedy_rollout
     from tests.test_rollout import B, H, V, make_head
 
     if pool and vocab is None:
@@ -296,8 +297,8 @@ def test_pointer_sampled_draft_is_drawn_from_its_q():
     """pointer_sample: d ~ q exactly (20,000 rows of one request: the empirical distribution
     of the first draft is q's, the copy candidate outside the draft vocabulary included), q
     sums to 1, and greedy rows draft what greedy_rollout does."""
-    from domino_sglang.rollout import greedy_rollout, sampled_rollout
-    from domino_sglang.sampling import RoundUniforms
+    from domino_sglang.spec.rollout import greedy_rollout, sampled_rollout
+    from domino_sglang.spec.sampling import RoundUniforms
     from tests.test_rollout import B, V, make_head
     from tests.test_sampling import make_rows
 
@@ -337,7 +338,7 @@ def test_copy_index_placement():
 
 def _device_pointer(gate, histories, n):
     """The same histories in DevicePointerCopy's left-aligned [bs, T] buffer (padding junk)."""
-    from domino_sglang.pointer import DevicePointerCopy
+    from domino_sglang.spec.pointer import DevicePointerCopy
 
     t = max(len(h) for h in histories) + 3
     buf = torch.full((len(histories), t), 4, dtype=torch.int64)  # junk after each history
@@ -349,7 +350,7 @@ def _device_pointer(gate, histories, n):
 def test_device_candidates_are_copy_table_at_every_position():
     """pointer.device_candidates (issue 64: the copy index on the device, no host sync) gives
     copy_table's (c, n) for every prefix of random histories, batched with ragged lengths."""
-    from domino_sglang.pointer import device_candidates
+    from domino_sglang.spec.pointer import device_candidates
 
     rng = random.Random(3)
     seqs = []
@@ -375,8 +376,8 @@ def test_device_candidates_are_copy_table_at_every_position():
 def test_device_pointer_copy_drafts_as_the_host_index(pool, use_head):
     """Greedy and sampled rollouts with DevicePointerCopy equal those with the host CopyIndex
     (same drafts, same q, same copied positions)."""
-    from domino_sglang.rollout import greedy_rollout, sampled_rollout
-    from domino_sglang.sampling import RoundUniforms
+    from domino_sglang.spec.rollout import greedy_rollout, sampled_rollout
+    from domino_sglang.spec.sampling import RoundUniforms
     from tests.test_rollout import B, H, make_head
     from tests.test_sampling import make_rows
 
@@ -405,7 +406,7 @@ def test_device_histories_follow_requests_round_by_round():
     leaving, restarting; every round's rows equal prompt + output (one copy per round)."""
     from types import SimpleNamespace
 
-    from domino_sglang.pointer import DeviceHistories
+    from domino_sglang.spec.pointer import DeviceHistories
 
     rng = random.Random(7)
     reqs = {rid: SimpleNamespace(rid=rid, origin_input_ids=[rng.randrange(50) for _ in range(n)],

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from domino_sglang.options import resolve
-from domino_sglang.policy import (
+from domino_sglang.spec.options import resolve
+from domino_sglang.spec.policy import (
     AGE_FLOOR,
     BACKOFF,
     COSTS,
@@ -285,38 +285,40 @@ def test_the_prior_is_forgotten_at_low_load():
     assert policy.stats.alpha == pytest.approx(0.25, abs=0.05)
 
 
-def test_copied_rounds_have_their_own_alpha_and_no_draft_cost():
-    """Prompt lookup (policy.lookup_len): a copy-only round is priced without the draft pass
-    and sized by the copies' own acceptance, learned apart from the drafter's."""
+def test_offered_rounds_have_their_own_alpha_and_no_draft_cost():
+    """Offered drafts (policy.offer_len): an offer-only round is priced without the draft pass
+    and sized by the offering proposer's own acceptance, learned apart from the drafter's and
+    from every other proposer's."""
     policy = SpeculationPolicy(B, cost=COSTS["cpu-bf16"], calibrate=False)
     for _ in range(60):  # the drafter is useless: plain decoding...
         policy.observe([1], 4)
     assert policy.draft_len(1) in (1, PROBE_LEN)
-    assert policy.may_copy_instead()  # ... which copies may still beat
-    assert policy.stats.alpha < 0.1 and policy.lookup_stats.alpha == pytest.approx(0.7)
-    assert policy.lookup_len(1, 15) == B  # no draft pass: a long copy pays at bs 1
-    assert policy.lookup_len(1, 3) == 4  # never longer than the copy
+    assert policy.may_offer_instead()  # ... which copies may still beat
+    assert policy.stats.alpha < 0.1 and policy.offer_stats("lookup").alpha == pytest.approx(0.7)
+    assert policy.offer_len("lookup", 1, 15) == B  # no draft pass: a long copy pays at bs 1
+    assert policy.offer_len("lookup", 1, 3) == 4  # never longer than the copy
     # at bs 32 a verified token costs ~5x more: the same alpha pays for a shorter chain only
-    assert 1 < policy.lookup_len(32, 15) < policy.lookup_len(1, 15)
+    assert 1 < policy.offer_len("lookup", 32, 15) < policy.offer_len("lookup", 1, 15)
     no_draft = CostModel(0.0, policy.cost.slope_0, policy.cost.slope_per_req)
-    n = policy.lookup_len(32, 15)
+    n = policy.offer_len("lookup", 32, 15)
     assert expected_tokens(0.7, n) / no_draft(32, n) > 1.02 >= (
         expected_tokens(0.7, n + 1) / no_draft(32, n + 1))
     # copies the target rejects switch copying off, the drafter's alpha untouched
     before = policy.stats.alpha
     for _ in range(60):
-        policy.observe_lookup([1], B)
-    assert policy.lookup_stats.alpha < 0.1 and policy.stats.alpha == before
-    assert policy.lookup_len(1, 15) == 1
+        policy.observe_offer("lookup", [1], B)
+    assert policy.offer_stats("lookup").alpha < 0.1 and policy.stats.alpha == before
+    assert policy.offer_len("lookup", 1, 15) == 1
+    assert policy.offer_len("other", 1, 15) == B  # another proposer keeps its own estimate
     # copies the target keeps: back to long chains
     for _ in range(60):
-        policy.observe_lookup([B], B)
-    assert policy.lookup_len(1, 15) == B
+        policy.observe_offer("lookup", [B], B)
+    assert policy.offer_len("lookup", 1, 15) == B
     # a fixed block verifies the whole copy; a pinned L or a calibration round is not replaced
-    assert SpeculationPolicy(B, enabled=False).lookup_len(32, 5) == 6
+    assert SpeculationPolicy(B, enabled=False).offer_len("lookup", 32, 5) == 6
     pinned = SpeculationPolicy(B)
     pinned.pinned = (1,)
-    assert not pinned.may_copy_instead()
+    assert not pinned.may_offer_instead()
     calibrating = SpeculationPolicy(B)
     calibrating.calibrating = True
-    assert not calibrating.may_copy_instead()
+    assert not calibrating.may_offer_instead()

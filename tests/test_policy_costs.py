@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from domino_sglang.costs import (
+from domino_sglang.spec.costs import (
     CAL_MIN_GAP,
     CAL_REFRESH,
     NEUTRAL,
@@ -18,7 +18,7 @@ from domino_sglang.costs import (
     OnlineCosts,
     bs_bucket,
 )
-from domino_sglang.policy import (
+from domino_sglang.spec.policy import (
     PROBE_LEN,
     AcceptanceStats,
     CostModel,
@@ -230,7 +230,7 @@ def test_a_jump_to_a_dear_batch_size_verifies_short_until_timed():
 def test_the_policy_chooses_among_the_captured_widths(bs, alpha):
     """Where the target verifies from captured graphs (widths 1, 2, 4, 8, 16), the policy
     picks among those widths only, and learns to speculate as well as the best of them."""
-    from domino_sglang.graphs import verify_widths
+    from domino_sglang.spec.graphs import verify_widths
 
     widths = verify_widths(B)
     best = max(expected_tokens(alpha, n) / GPU(bs, n) for n in widths)

@@ -24,26 +24,11 @@ def test_no_dates_issue_or_stage_numbers_in_the_package(tmp_path):
     assert len(lab_notes(planted)) == 1
 
 
-NEUTRAL = ("rollout", "sampling", "verify", "pointer", "graphs", "planner", "policy", "costs",
-           "lookup", "observer", "context", "kernels", "proposer", "drafter")
-
-
-def test_the_device_neutral_round_imports_no_device_runtime():
-    """The round's device-neutral modules never import the CPU runtime (cpu/): its kernels are
-    installed at start-up by the worker (kernels.install)."""
-    import ast
-
-    found = {m: [n.module for n in ast.walk(ast.parse((PACKAGE / f"{m}.py").read_text()))
-                 if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(
-                     "domino_sglang.cpu")] for m in NEUTRAL}
-    assert {m: v for m, v in found.items() if v} == {}
-
-
 def test_an_installed_argmax_is_used_and_equals_torchs():
     import torch
 
-    from domino_sglang import kernels
     from domino_sglang.cpu.argmax import argmax as cpu_argmax
+    from domino_sglang.spec import primitives
 
     x = torch.randn(5, 3, 1024)
     calls = []
@@ -53,8 +38,8 @@ def test_an_installed_argmax_is_used_and_equals_torchs():
         return cpu_argmax(t)
 
     try:
-        kernels.install(argmax=counted)
-        assert torch.equal(kernels.argmax(x), x.argmax(dim=-1)) and calls == [x.shape]
+        primitives.install(argmax=counted)
+        assert torch.equal(primitives.argmax(x), x.argmax(dim=-1)) and calls == [x.shape]
     finally:
-        kernels.install(argmax=None)
-    assert torch.equal(kernels.argmax(x), x.argmax(dim=-1)) and len(calls) == 1
+        primitives.install(argmax=None)
+    assert torch.equal(primitives.argmax(x), x.argmax(dim=-1)) and len(calls) == 1

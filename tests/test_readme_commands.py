@@ -91,7 +91,9 @@ def problem(argv: list[str]) -> str | None:
 
 
 def _cli_problem(args: list[str]) -> str | None:
-    from domino_sglang import cli, options, server_flags
+    from domino_sglang import cli
+    from domino_sglang.integration import server_flags
+    from domino_sglang.spec import options
 
     own, extra = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args \
         else (args, [])

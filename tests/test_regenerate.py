@@ -149,7 +149,7 @@ def test_a_later_turn_is_the_conversation_up_to_it_under_its_own_id():
     """`regenerate --turn 2`: the prompt is the first user turn, the dataset's answer to it and
     the second user turn, in the chat template; ids are STRIDE + the conversation's index (the
     same index as its first turn), so first-turn ids and a stage's max_id stay as they were."""
-    from domino_sglang.data import sharegpt_conversations
+    from domino_sglang.train.prompt_sets import sharegpt_conversations
 
     tok = _CharTokenizer()
     convs = sharegpt_conversations()[:60]
@@ -172,7 +172,7 @@ def test_python_prompts_ask_for_a_documented_stdlib_function_and_skip_humaneval(
     """`regenerate --source python`: one prompt per public, undecorated, documented top-level
     function (header + docstring, no body), in sorted file order, test folders skipped; none is
     a HumanEval problem; ids PYTHON_ID_BASE + index, above every ShareGPT turn's."""
-    from domino_sglang.data import humaneval, python_functions
+    from domino_sglang.train.prompt_sets import humaneval, python_functions
 
     pkg = tmp_path / "lib"
     (pkg / "test").mkdir(parents=True)
@@ -215,7 +215,7 @@ def test_math_prompts_are_distinct_filled_templates_reproducible_and_not_gsm8k()
     (a prompt's index is its id), every placeholder filled, a pronoun that agrees with the
     name, none of them a GSM8K test question; ids SOURCE_ID_BASE["math"] + index, above the
     code prompts'."""
-    from domino_sglang.data import _MATH_TEMPLATES, gsm8k, math_problems
+    from domino_sglang.train.prompt_sets import _MATH_TEMPLATES, gsm8k, math_problems
 
     prompts = math_problems(300)
     assert len(set(prompts)) == 300 and prompts == math_problems(300)
@@ -243,7 +243,7 @@ def test_chat_requests_are_distinct_filled_templates_reproducible_and_not_mtbenc
     MT-Bench question among or inside them, extraction passages taken from the standard
     library; a template set too small for `n` is a one-line error; ids
     SOURCE_ID_BASE["chat"] + index, above the math problems'."""
-    from domino_sglang.data import (
+    from domino_sglang.train.prompt_sets import (
         _CHAT_TEMPLATES,
         DataError,
         _stdlib_passages,
@@ -284,8 +284,8 @@ def test_eval_answers_in_git_are_replayed_without_a_server_and_checked(tmp_path)
     # file named. The snapshots here are made for the sets' real prompts and chat template.
     from transformers import AutoTokenizer
 
-    from domino_sglang import data
     from domino_sglang.paths import target_dir
+    from domino_sglang.train import prompt_sets
     from domino_sglang.train.evalset import eval_records
     from domino_sglang.train.regenerate import chat_prompt_ids, write_snapshot
 
@@ -293,7 +293,7 @@ def test_eval_answers_in_git_are_replayed_without_a_server_and_checked(tmp_path)
     snapshots, cache = tmp_path / "snapshots", tmp_path / "cache"
     for name in ("mtbench", "humaneval", "gsm8k"):
         kept = [{"id": i, "prompt_ids": chat_prompt_ids(tok, p), "output_ids": [100 + i] * 8,
-                 "finish": "length"} for i, p in enumerate(data.load(name, 4))]
+                 "finish": "length"} for i, p in enumerate(prompt_sets.load(name, 4))]
         made = tmp_path / f"eval-{name}-greedy8.jsonl"
         made.write_text("".join(json.dumps(r) + "\n" for r in kept))
         assert write_snapshot(made, snapshots / f"{made.name}.gz") == 4
@@ -330,7 +330,7 @@ def test_dataset_answers_are_the_template_tokens_after_the_prompt(tmp_path):
     sharegpt_items gives it, its output the dataset's answer exactly as the template lays out the
     two turns, closed by <|im_end|> or cut at max_new_tokens; ids 4000000 + the conversation's
     index. Appending the same records again writes nothing."""
-    from domino_sglang.data import sharegpt_conversations
+    from domino_sglang.train.prompt_sets import sharegpt_conversations
     from domino_sglang.train.regenerate import append_records, dataset_answers
 
     tok = _TemplateTokenizer()

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from domino_sglang.rollout import HeadParams, greedy_rollout, gru_step
+from domino_sglang.spec.rollout import HeadParams, greedy_rollout, gru_step
 
 H, G, E, V, B = 8, 6, 5, 11, 6
 

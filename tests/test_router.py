@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from domino_sglang.local_server import LOG_DIR, free_port
+from domino_sglang.cli.local_server import LOG_DIR, free_port
 from tests.conftest import PROMPTS
 from tests.servers import start_server
 

@@ -21,17 +21,18 @@ import torch
 from scipy.stats import chi2
 from torch import nn
 
-from domino_sglang.lookup import lookup_batch, one_hot_proposal
-from domino_sglang.pointer import CopyIndex, PointerCopy
-from domino_sglang.rollout import HeadParams, greedy_rollout, sampled_rollout
-from domino_sglang.sampling import (
+from domino_sglang.spec.pointer import CopyIndex, PointerCopy
+from domino_sglang.spec.proposers.lookup import lookup_batch
+from domino_sglang.spec.proposers.protocol import one_hot_proposal
+from domino_sglang.spec.rollout import HeadParams, greedy_rollout, sampled_rollout
+from domino_sglang.spec.sampling import (
     RoundUniforms,
     SamplingRows,
     process_logits,
     sample_from,
     seeded_uniform,
 )
-from domino_sglang.verify import verify_mixed, verify_sampled
+from domino_sglang.spec.verify import verify_mixed, verify_sampled
 
 H, G, E, V, B = 8, 6, 5, 5, 4
 N = 20_000

@@ -1,4 +1,4 @@
-"""Access rules (domino_sglang/security.py), the request guard's size / depth / schema / logprob
+"""Access rules (domino_sglang/http/access.py), the request guard's size / depth / schema / logprob
 checks (guards.py) and the plugin's server flags (server_flags.py), in process: the pure
 decisions, then both middlewares on a small FastAPI app with SGLang's own auth levels. The same
 rules inside a real server, route by route: tests/reliability/test_security.py and
@@ -14,9 +14,16 @@ from fastapi.testclient import TestClient
 from sglang.srt.utils.auth import AuthLevel, auth_level
 from starlette.websockets import WebSocketDisconnect
 
-from domino_sglang import server_flags
-from domino_sglang.guards import MAX_JSON_DEPTH, RequestGuard, body_problem, json_depth, ref_cycle
-from domino_sglang.security import AccessGuard, AccessRules, access_problem
+from domino_sglang.http import flags as http_flags
+from domino_sglang.http.access import AccessGuard, AccessRules, access_problem
+from domino_sglang.http.guards import (
+    MAX_JSON_DEPTH,
+    RequestGuard,
+    body_problem,
+    json_depth,
+    ref_cycle,
+)
+from domino_sglang.integration import server_flags
 
 LOCAL = {"host": "127.0.0.1:30000"}
 
@@ -179,14 +186,14 @@ def test_flags_parse_and_name_the_bad_value(capsys):
     server_flags.add_flags(parser)  # idempotent
     ns = parser.parse_args(["--domino-allowed-origins", "https://a.example, https://b.example",
                             "--domino-max-request-bytes", "65536"])
-    opts = server_flags.read_flags(ns)
+    opts = http_flags.read_flags(ns)
     assert opts.allowed_origins == ("https://a.example", "https://b.example")
     assert opts.max_request_bytes == 65536 and opts.allowed_hosts == ()
     with pytest.raises(SystemExit):
         parser.parse_args(["--domino-max-request-bytes", "12"])
     assert "--domino-max-request-bytes: must be at least 1024 bytes" in capsys.readouterr().err
-    server_flags.read_flags(parser.parse_args([]))  # back to the defaults
-    assert server_flags.current() == server_flags.HttpOptions()
+    http_flags.read_flags(parser.parse_args([]))  # back to the defaults
+    assert http_flags.current() == http_flags.HttpOptions()
 
 
 def test_request_guards_flag_switches_the_request_checks(capsys):
@@ -194,7 +201,7 @@ def test_request_guards_flag_switches_the_request_checks(capsys):
     requests through to SGLang; on (the default) they refuse an out-of-vocabulary id."""
     from types import SimpleNamespace
 
-    from domino_sglang.guards import check_input_ids
+    from domino_sglang.http.guards import check_input_ids
 
     parser = argparse.ArgumentParser()
     server_flags.add_flags(parser)
@@ -202,10 +209,10 @@ def test_request_guards_flag_switches_the_request_checks(capsys):
                               server_args=SimpleNamespace(speculative_algorithm="DOMINO"))
     request = SimpleNamespace(top_logprobs_num=None, token_ids_logprob=None)
     try:
-        assert server_flags.read_flags(parser.parse_args([])).request_guards
+        assert http_flags.read_flags(parser.parse_args([])).request_guards
         with pytest.raises(ValueError, match="input_ids"):
             check_input_ids(manager, request, [1, 99])
-        off = server_flags.read_flags(parser.parse_args(["--domino-request-guards", "off"]))
+        off = http_flags.read_flags(parser.parse_args(["--domino-request-guards", "off"]))
         assert not off.request_guards
         assert check_input_ids(manager, request, [1, 99]) is None  # SGLang's own handling
         with pytest.raises(SystemExit):
@@ -213,7 +220,7 @@ def test_request_guards_flag_switches_the_request_checks(capsys):
         assert ("--domino-request-guards: must be on/off (or true/false, 1/0), got 'sometimes'"
                 in capsys.readouterr().err)
     finally:
-        server_flags.read_flags(parser.parse_args([]))
+        http_flags.read_flags(parser.parse_args([]))
 
 
 def test_only_the_servers_that_asked_are_guarded(monkeypatch):
@@ -223,7 +230,8 @@ def test_only_the_servers_that_asked_are_guarded(monkeypatch):
     import sys
     from types import ModuleType, SimpleNamespace
 
-    from domino_sglang import guards, sglang_compat
+    from domino_sglang import sglang_compat
+    from domino_sglang.http import guards
 
     parser = argparse.ArgumentParser()
     server_flags.add_flags(parser)
@@ -235,7 +243,7 @@ def test_only_the_servers_that_asked_are_guarded(monkeypatch):
     def served(server_args, argv: list[str]) -> tuple[list, bool]:
         """(the app's middleware after the launch hook, whether an out-of-vocabulary id is
         refused) for a server started with `argv`."""
-        server_flags.read_flags(parser.parse_args(argv))
+        http_flags.read_flags(parser.parse_args(argv))
         http = ModuleType(sglang_compat.HTTP_SERVER)
         http.app = FastAPI()
         monkeypatch.setitem(sys.modules, sglang_compat.HTTP_SERVER, http)
@@ -256,8 +264,8 @@ def test_only_the_servers_that_asked_are_guarded(monkeypatch):
         assert served(domino, []) == (["AccessGuard", "RequestGuard"], True)
         assert served(domino, ["--domino-request-guards", "off"]) == (["AccessGuard"], False)
     finally:
-        server_flags.read_flags(parser.parse_args([]))
-    wanted = server_flags.guards_wanted
+        http_flags.read_flags(parser.parse_args([]))
+    wanted = http_flags.guards_wanted
     assert not wanted(["sglang", "serve", "--model-path", "m", "--api-key", "k"])
     assert wanted(["sglang", "serve", "--speculative-algorithm=domino"])
     assert wanted(["sglang", "serve", "--domino-guards", "on"])
@@ -267,9 +275,10 @@ def test_only_the_servers_that_asked_are_guarded(monkeypatch):
 
 def test_serve_guards_its_servers_unless_told_otherwise(target_path):
     from domino_sglang import cli
+    from domino_sglang.cli import serve
 
     for extra, want in (([], "on"), (["--domino-guards", "off"], "off")):
         ns = cli.make_parser().parse_args(["serve", "--model-path", str(target_path),
                                            "--device", "cpu", "--no-speculation"])
-        cmd, _ = cli.build_serve_command(ns, extra)
+        cmd, _ = serve.build_serve_command(ns, extra)
         assert cmd[len(cmd) - 1 - cmd[::-1].index("--domino-guards") + 1] == want

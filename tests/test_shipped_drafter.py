@@ -8,7 +8,7 @@ Measured with the fixed block: tau 1.294 (264 tokens / 204 rounds) for the stage
 (2026-11-26), 1.275 (207 rounds) for stage 5 (2026-11-25); 1.222 (216 rounds) for stage 3, 1.234
 for stage 2, 1.179 for stage 1 (2026-11-23: on these 5 chat prompts the stages are within a few
 rounds); a random drafter gives 1.03.
-Then the same tokens are replayed through the drafter in plain PyTorch (`trainer.replay_rounds`):
+Then the same tokens are replayed through the drafter in plain PyTorch (`evaluate.replay_rounds`):
 the verify rounds must be equal per prompt. Checked to have power (stage-1 drafter): with the
 decode-round context features written one position late (worker.py, `positions + 1`), output
 stays lossless but one prompt needs one more round and the test fails.
@@ -76,7 +76,7 @@ def test_shipped_drafter_is_lossless_and_keeps_its_tau(reference, chat_ids):
     served = [out["meta_info"]["spec_verify_ct"] for out in outs]
     print(f"verify rounds per prompt: served {served}, replayed {replayed}")
     assert served == replayed
-    # so the tau a training run logs for held-out records (trainer.replay_tau) is the served one
+    # so the tau a training run logs for held-out records (evaluate.replay_tau) is the served one
     records = [{"id": i, "ids": ids + out["output_ids"], "start": len(ids)}
                for i, (ids, out) in enumerate(zip(prompts, outs))]
     estimate = _replay(records, tau=True)
@@ -150,16 +150,13 @@ def _replay(records: list[dict], draft_lens: tuple[int, ...] | None = None,
             short_draft: bool = False, tau: bool = False) -> list[int] | float:
     import torch
 
-    from domino_sglang.config import load_draft_config
-    from domino_sglang.model import DominoDrafter
+    from domino_sglang.model.config import load_draft_config
+    from domino_sglang.model.drafter import DominoDrafter
+    from domino_sglang.model.vocab import load_draft_vocab
     from domino_sglang.paths import target_dir
-    from domino_sglang.train.trainer import (
-        DrafterTrainModule,
-        TargetFeatures,
-        replay_rounds,
-        replay_tau,
-    )
-    from domino_sglang.vocab import load_draft_vocab
+    from domino_sglang.train.evaluate import replay_rounds, replay_tau
+    from domino_sglang.train.features import TargetFeatures
+    from domino_sglang.train.module import DrafterTrainModule
 
     dconf = load_draft_config(shipped_drafter_dir())
     feats = TargetFeatures(target_dir(), list(dconf.target_layer_ids), torch.float32)

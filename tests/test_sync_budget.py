@@ -47,7 +47,7 @@ def test_the_counter_counts_what_would_synchronise_on_a_gpu():
     on tensors that live on the host (made without a device, or declared) do not."""
     import torch
 
-    from domino_sglang.syncs import SyncCounter
+    from domino_sglang.spec.syncs import SyncCounter
 
     dev = torch.arange(10)  # made outside: a device tensor
     declared = torch.arange(4)

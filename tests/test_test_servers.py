@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from domino_sglang import local_server
+from domino_sglang.cli import local_server
 from tests import servers
 
 

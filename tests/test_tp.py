@@ -21,12 +21,13 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from domino_sglang.config import load_draft_config, make_draft_config
-from domino_sglang.model import DominoDrafter, init_drafter_weights, save_drafter
-from domino_sglang.policy import SpeculationPolicy
-from domino_sglang.rollout import HeadParams, greedy_rollout, sampled_rollout
-from domino_sglang.sampling import SamplingRows
-from domino_sglang.tp import RankAgreement, Shard, gathered_logits, pooled_logits, vocab_rows
+from domino_sglang.model.config import load_draft_config, make_draft_config
+from domino_sglang.model.drafter import DominoDrafter, init_drafter_weights, save_drafter
+from domino_sglang.model.shard import Shard
+from domino_sglang.spec.policy import SpeculationPolicy
+from domino_sglang.spec.rollout import HeadParams, greedy_rollout, sampled_rollout
+from domino_sglang.spec.sampling import SamplingRows
+from domino_sglang.spec.tp import RankAgreement, gathered_logits, pooled_logits, vocab_rows
 
 WORLD = 2
 TARGET = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,

@@ -10,16 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from domino_sglang.train.config import TrainConfigError, load_train_config
 from domino_sglang.train.curriculum import block_loss, lambda_at, position_weights, tau_sim
-from domino_sglang.train.trainer import (
-    TrainConfigError,
+from domino_sglang.train.loop import train
+from domino_sglang.train.records import (
     epoch_pool,
-    load_train_config,
     sample_anchors,
     sample_block_anchors,
     sample_draft_lengths,
     step_records,
-    train,
 )
 from tests.train_fixtures import tiny_overrides
 
@@ -184,7 +183,7 @@ def test_loss_decreases_on_a_tiny_run(tmp_path):
     assert [x["step"] for x in evals] == [0, 30]  # the starting point, then every eval_every
     assert losses[-1] < 0.8 * losses[0], losses  # measured: 6.19 -> 4.70
     assert (tmp_path / "run" / "drafter" / "model.safetensors").is_file()
-    from domino_sglang.config import load_draft_config, load_draft_weights
+    from domino_sglang.model.config import load_draft_config, load_draft_weights
 
     weights = load_draft_weights(load_draft_config(tmp_path / "run" / "drafter"))
     assert all(t.dtype == torch.bfloat16 for t in weights.values())
@@ -216,7 +215,7 @@ def test_resume_equals_uninterrupted(tmp_path, draft_vocab, short_blocks, distil
 
     start = load_file(str(tmp_path / "a" / "run" / "init" / "model.safetensors"))
     assert any(not torch.equal(a[k], start[k].to(a[k].dtype)) for k in a)
-    from domino_sglang.vocab import build_draft_vocab, load_draft_vocab
+    from domino_sglang.model.vocab import build_draft_vocab, load_draft_vocab
 
     exported = load_draft_vocab(tmp_path / "b" / "run" / "drafter", vocab_size=64)
     if draft_vocab:  # the 40 commonest answer tokens of the 10 training records (ids 0..9)
@@ -226,8 +225,8 @@ def test_resume_equals_uninterrupted(tmp_path, draft_vocab, short_blocks, distil
                                                            always=always))
     else:
         assert exported is None
-    # a drafter trained on short blocks is served drafting short blocks (drafter.py propose)
-    from domino_sglang.config import load_draft_config
+    # a drafter trained on short blocks is served drafting short blocks (proposers/domino.py propose)
+    from domino_sglang.model.config import load_draft_config
 
     assert load_draft_config(tmp_path / "b" / "run" / "drafter").short_draft == (short_blocks > 0)
     # distillation caches the target's top-k beside the features (read again on resume)
@@ -258,7 +257,8 @@ def test_data_order_is_a_pure_function_of_step_and_rank():
 
 PROBE = """
 import sys, torch
-from domino_sglang.train.trainer import load_train_config, train
+from domino_sglang.train.config import load_train_config
+from domino_sglang.train.loop import train
 from tests.train_fixtures import tiny_overrides
 from pathlib import Path
 torch.set_num_threads(1)
@@ -369,7 +369,7 @@ def test_config_errors_name_the_key(tmp_path):
 def test_max_id_fixes_a_stage_data_as_the_file_grows(tmp_path):
     """A stage's records (and so its held-out set: the last eval_records of them) are the ids up
     to max_id, whatever the regenerated file gained since."""
-    from domino_sglang.train.trainer import load_records
+    from domino_sglang.train.records import load_records
     from tests.train_fixtures import make_records
 
     make_records(tmp_path / "data.jsonl", n=12)
@@ -385,7 +385,7 @@ def test_max_id_fixes_a_stage_data_as_the_file_grows(tmp_path):
 def test_skip_ids_leaves_out_a_gap_filled_after_the_stage_ran(tmp_path):
     """skip_ids [first, last] drops those ids too, so a stage trained while a gap in the file
     was still being filled keeps its data once the gap is complete."""
-    from domino_sglang.train.trainer import load_records
+    from domino_sglang.train.records import load_records
     from tests.train_fixtures import make_records
 
     make_records(tmp_path / "data.jsonl", n=12)
@@ -422,23 +422,28 @@ def test_shipped_recipes_parse(recipe):
 def test_rollout_tau_of_a_zero_head_equals_the_backbone(tmp_path):
     """With the head's output projection zeroed the served rollout is the backbone's argmax
     chain, so both taus agree; each is 1 + a matched prefix, within [1, B]."""
-    from domino_sglang.train import trainer as tr
+    from domino_sglang.model.config import load_draft_config
+    from domino_sglang.model.drafter import DominoDrafter
+    from domino_sglang.train.evaluate import rollout_tau
+    from domino_sglang.train.features import TargetFeatures
+    from domino_sglang.train.module import DrafterTrainModule
+    from domino_sglang.train.records import load_records, sample_anchors
 
     conf = load_train_config(None, tiny_overrides(tmp_path, steps=40, lr=1e-2, save_every=40,
                                                   eval_every=40))
     train(conf, progress=False)
-    dconf = tr.load_draft_config(tmp_path / "run" / "drafter")
-    drafter = tr.DominoDrafter.from_pretrained(dconf)
-    feats = tr.TargetFeatures(conf.target, list(dconf.target_layer_ids), torch.float32)
-    module = tr.DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
-    records = tr.load_records(conf.data, conf.max_seq_len)[:6]  # trained on: some drafts match
-    got = tr.rollout_tau(module, feats, records, conf)
+    dconf = load_draft_config(tmp_path / "run" / "drafter")
+    drafter = DominoDrafter.from_pretrained(dconf)
+    feats = TargetFeatures(conf.target, list(dconf.target_layer_ids), torch.float32)
+    module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+    records = load_records(conf.data, conf.max_seq_len)[:6]  # trained on: some drafts match
+    got = rollout_tau(module, feats, records, conf)
     # reference for the backbone chain: per block, 1 + longest prefix of argmax(base_k) == label
     ref = []
     for rec in records:
         ids = torch.tensor(rec["ids"])
         g = torch.Generator().manual_seed(10_000_019 * (rec["id"] + 1))
-        anchors = tr.sample_anchors(rec["start"], len(rec["ids"]), conf.anchors, g)
+        anchors = sample_anchors(rec["start"], len(rec["ids"]), conf.anchors, g)
         with torch.no_grad():
             z, _, labels = module._blocks(ids, feats(rec), anchors, conf.block_size)
         picks = (z @ feats.lm_head_weight.T).argmax(dim=-1)  # [n, B-1]
@@ -452,21 +457,25 @@ def test_rollout_tau_of_a_zero_head_equals_the_backbone(tmp_path):
     assert 1.0 <= got["tau_rollout_base"] <= conf.block_size
     with torch.no_grad():
         drafter.embed_proj[2].weight.zero_()
-    zero = tr.rollout_tau(module, feats, records, conf)
+    zero = rollout_tau(module, feats, records, conf)
     assert zero["tau_rollout_final"] == zero["tau_rollout_base"] == got["tau_rollout_base"]
 
 
 def test_first_draft_anchors_equal_blocks_with_later_labels_ignored(tmp_path):
     """A first-draft-only anchor is exactly a full block whose labels after position 0 are
     ignored: same loss (both curriculum terms), same gradient, one more position-0 sample."""
-    from domino_sglang.train import trainer as tr
+    from domino_sglang.model.config import load_draft_config
+    from domino_sglang.model.drafter import DominoDrafter
     from domino_sglang.train.curriculum import IGNORE
+    from domino_sglang.train.features import TargetFeatures
+    from domino_sglang.train.module import DrafterTrainModule
+    from domino_sglang.train.records import load_records
 
     conf = load_train_config(None, tiny_overrides(tmp_path, steps=1))
     train(conf, progress=False)
-    dconf = tr.load_draft_config(tmp_path / "run" / "drafter")
-    feats = tr.TargetFeatures(conf.target, list(dconf.target_layer_ids), torch.float32)
-    rec = tr.load_records(conf.data, conf.max_seq_len)[0]
+    dconf = load_draft_config(tmp_path / "run" / "drafter")
+    feats = TargetFeatures(conf.target, list(dconf.target_layer_ids), torch.float32)
+    rec = load_records(conf.data, conf.max_seq_len)[0]
     ids = torch.tensor(rec["ids"])
     full, first = sample_block_anchors(rec["start"], len(rec["ids"]), 3, 5,
                                           torch.Generator().manual_seed(1))
@@ -474,8 +483,8 @@ def test_first_draft_anchors_equal_blocks_with_later_labels_ignored(tmp_path):
     for lam in (1.0, 0.4):
         grads = []
         for variant in ("first", "masked"):
-            drafter = tr.DominoDrafter.from_pretrained(dconf)
-            module = tr.DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+            drafter = DominoDrafter.from_pretrained(dconf)
+            module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
             if variant == "first":
                 loss, st = module([(ids, feats(rec), full, first)], lam, conf.gamma)
             else:
@@ -499,16 +508,20 @@ def test_short_block_equals_a_block_of_that_length_alone(tmp_path):
     """A block drafted at length L inside a full-width pass (short_blocks) is the block
     [x_a, MASK x (L-1)] drafted on its own: the same z at its L-1 positions, the same labels
     there and IGNORE after, whatever the other blocks' lengths."""
-    from domino_sglang.train import trainer as tr
+    from domino_sglang.model.config import load_draft_config
+    from domino_sglang.model.drafter import DominoDrafter
     from domino_sglang.train.curriculum import IGNORE
+    from domino_sglang.train.features import TargetFeatures
+    from domino_sglang.train.module import DrafterTrainModule
+    from domino_sglang.train.records import load_records
 
     conf = load_train_config(None, tiny_overrides(tmp_path, steps=1))
     train(conf, progress=False)
-    dconf = tr.load_draft_config(tmp_path / "run" / "drafter")
-    feats = tr.TargetFeatures(conf.target, list(dconf.target_layer_ids), torch.float32)
-    module = tr.DrafterTrainModule(tr.DominoDrafter.from_pretrained(dconf), feats.embed_weight,
+    dconf = load_draft_config(tmp_path / "run" / "drafter")
+    feats = TargetFeatures(conf.target, list(dconf.target_layer_ids), torch.float32)
+    module = DrafterTrainModule(DominoDrafter.from_pretrained(dconf), feats.embed_weight,
                                    feats.lm_head_weight)
-    rec = tr.load_records(conf.data, conf.max_seq_len)[0]
+    rec = load_records(conf.data, conf.max_seq_len)[0]
     ids, f, B = torch.tensor(rec["ids"]), feats(rec), conf.block_size
     anchors = sample_anchors(rec["start"], len(rec["ids"]), 4, torch.Generator().manual_seed(3))
     lengths = torch.tensor([2, B, 3, B - 1])[: len(anchors)]
@@ -544,15 +557,19 @@ def test_first_draft_anchors_without_extra_are_the_plain_sample():
 def _draft_blocks(conf, folder: Path, tweak=None):
     """(drafter, z [n, B-1, H], GRU inputs [n, B-1, H]) of the drafter in `folder` (after
     `tweak(drafter)`) on 4 fixed blocks of the first tiny record (block size 4)."""
-    from domino_sglang.train import trainer as tr
+    from domino_sglang.model.config import load_draft_config
+    from domino_sglang.model.drafter import DominoDrafter
+    from domino_sglang.train.features import TargetFeatures
+    from domino_sglang.train.module import DrafterTrainModule
+    from domino_sglang.train.records import load_records, sample_anchors
 
-    drafter = tr.DominoDrafter.from_pretrained(tr.load_draft_config(folder), dtype=torch.float32)
+    drafter = DominoDrafter.from_pretrained(load_draft_config(folder), dtype=torch.float32)
     if tweak:
         tweak(drafter)
-    feats = tr.TargetFeatures(conf.target, list(drafter.conf.target_layer_ids), torch.float32)
-    rec = tr.load_records(conf.data, conf.max_seq_len)[0]
-    anchors = tr.sample_anchors(rec["start"], len(rec["ids"]), 4, torch.Generator().manual_seed(1))
-    module = tr.DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+    feats = TargetFeatures(conf.target, list(drafter.conf.target_layer_ids), torch.float32)
+    rec = load_records(conf.data, conf.max_seq_len)[0]
+    anchors = sample_anchors(rec["start"], len(rec["ids"]), 4, torch.Generator().manual_seed(1))
+    module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
     with torch.no_grad():
         z, prev, _ = module._blocks(torch.tensor(rec["ids"]), feats(rec), anchors, 4)
     return drafter, z, prev
@@ -564,7 +581,7 @@ def test_grown_drafter_starts_as_the_init_drafter_and_learns(tmp_path):
     init did, and training moves the new layers' output projections off zero."""
     from safetensors.torch import load_file
 
-    from domino_sglang.train import trainer as tr
+    from domino_sglang.model.config import load_draft_config
 
     small = load_train_config(None, tiny_overrides(tmp_path, steps=6))
     train(small, progress=False)
@@ -573,7 +590,7 @@ def test_grown_drafter_starts_as_the_init_drafter_and_learns(tmp_path):
                                                  out=str(tmp_path / "grown")))
     train(big, progress=False)
     seed = tmp_path / "grown" / "init"
-    assert tr.load_draft_config(seed).num_layers == 3
+    assert load_draft_config(seed).num_layers == 3
 
     def blocks(folder, tweak=None):
         return _draft_blocks(small, folder, tweak)[1:]
@@ -605,7 +622,7 @@ def test_grown_head_starts_as_the_init_head_and_learns(tmp_path):
     new rank changes the correction, and training moves the new ranks off zero."""
     from safetensors.torch import load_file
 
-    from domino_sglang.train import trainer as tr
+    from domino_sglang.model.config import load_draft_config
     from domino_sglang.train.curriculum import head_correction
 
     small = load_train_config(None, tiny_overrides(tmp_path, steps=6))
@@ -616,7 +633,7 @@ def test_grown_head_starts_as_the_init_head_and_learns(tmp_path):
                                                  out=str(tmp_path / "grown")))
     train(big, progress=False)
     seed = tmp_path / "grown" / "init"
-    conf = tr.load_draft_config(seed)
+    conf = load_draft_config(seed)
     assert (conf.gru_hidden_dim, conf.emb_dim) == (8 + 5, 4 + 3)
 
     def correction(folder, tweak=None):
@@ -644,7 +661,7 @@ def test_extra_data_is_trained_on_whole_and_checked(tmp_path, monkeypatch):
     and the dataset's own answers (ids >= 4000000) are refused unless distill = 1."""
     import json
 
-    from domino_sglang.train.trainer import load_extra_records, load_records
+    from domino_sglang.train.records import load_extra_records, load_records
     from tests.train_fixtures import make_records
 
     extra = tmp_path / "extra.jsonl"
@@ -667,16 +684,16 @@ def test_extra_data_is_trained_on_whole_and_checked(tmp_path, monkeypatch):
     with pytest.raises(TrainConfigError, match="'extra_data' must be a list of file paths"):
         load_train_config(None, {"data": "d", "out": "o", "extra_data": [""]})
     # a run reads them: 6 steps of 2 over the 4 + 4 training records cover an epoch of 8
-    import domino_sglang.train.trainer as trainer
+    from domino_sglang.train.features import TargetFeatures
 
     visited: set[int] = set()
-    real = trainer.TargetFeatures.many  # a training step's features
+    real = TargetFeatures.many  # a training step's features
 
     def spy(self, recs, **kwargs):
         visited.update(rec["id"] for rec in recs)
         return real(self, recs, **kwargs)
 
-    monkeypatch.setattr(trainer.TargetFeatures, "many", spy)
+    monkeypatch.setattr(TargetFeatures, "many", spy)
     conf = load_train_config(None, tiny_overrides(tmp_path, data=str(tmp_path / "data.jsonl"),
                                                   extra_data=[str(answers)], distill=1.0,
                                                   distill_topk=8))
@@ -690,27 +707,32 @@ def test_the_logged_replay_tau_is_tokens_over_replayed_rounds(tmp_path):
     head on and off, in log.jsonl; a zeroed head drafts the backbone's chain, so both agree."""
     import json
 
-    from domino_sglang.train import trainer as tr
+    from domino_sglang.model.config import load_draft_config
+    from domino_sglang.model.drafter import DominoDrafter
+    from domino_sglang.train.evaluate import replay_rounds, replay_tau
+    from domino_sglang.train.features import TargetFeatures
+    from domino_sglang.train.module import DrafterTrainModule
+    from domino_sglang.train.records import load_records
 
     conf = load_train_config(None, tiny_overrides(tmp_path, steps=20, lr=1e-2, save_every=20,
                                                   eval_every=20))
     train(conf, progress=False)
     logs = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     logged = [x["eval"] for x in logs if "eval" in x][-1]
-    dconf = tr.load_draft_config(tmp_path / "run" / "drafter")
-    drafter = tr.DominoDrafter.from_pretrained(dconf, dtype=torch.float32)
+    dconf = load_draft_config(tmp_path / "run" / "drafter")
+    drafter = DominoDrafter.from_pretrained(dconf, dtype=torch.float32)
     drafter.load_state_dict(torch.load(tmp_path / "run" / "checkpoint" / "drafter.pt",
                                        weights_only=True))  # the weights evaluated at step 20
-    feats = tr.TargetFeatures(conf.target, list(dconf.target_layer_ids), torch.float32)
-    module = tr.DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
-    held = tr.load_records(conf.data, conf.max_seq_len)[-conf.eval_records:]
-    rounds = [tr.replay_rounds(module, feats, rec) for rec in held]
+    feats = TargetFeatures(conf.target, list(dconf.target_layer_ids), torch.float32)
+    module = DrafterTrainModule(drafter, feats.embed_weight, feats.lm_head_weight)
+    held = load_records(conf.data, conf.max_seq_len)[-conf.eval_records:]
+    rounds = [replay_rounds(module, feats, rec) for rec in held]
     tokens = sum(len(rec["ids"]) - rec["start"] for rec in held)
     assert sum(rounds) < tokens  # some drafts accepted: the ratio has teeth
-    assert tr.replay_tau(module, feats, held) == pytest.approx(tokens / sum(rounds))
+    assert replay_tau(module, feats, held) == pytest.approx(tokens / sum(rounds))
     assert logged["tau_replay_final"] == pytest.approx(tokens / sum(rounds))
     assert 1.0 <= logged["tau_replay_base"] <= conf.block_size
     with torch.no_grad():
         drafter.embed_proj[2].weight.zero_()
-    assert tr.replay_tau(module, feats, held) == tr.replay_tau(module, feats, held,
+    assert replay_tau(module, feats, held) == replay_tau(module, feats, held,
                                                                use_head=False)

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from domino_sglang.train.config import TrainConfigError, load_train_config, target_defaults
 from domino_sglang.train.conversations import (
     ConversationError,
     is_records_file,
@@ -16,14 +17,8 @@ from domino_sglang.train.conversations import (
     read_conversations,
     written_records,
 )
-from domino_sglang.train.trainer import (
-    TrainConfigError,
-    dist_backend,
-    load_train_config,
-    resolve_device,
-    target_defaults,
-    train,
-)
+from domino_sglang.train.loop import train
+from domino_sglang.train.parallel import dist_backend, resolve_device
 from tests.new_target_fixtures import conversations, make_qwen3_target, make_tokenizer
 
 
@@ -65,7 +60,7 @@ def test_written_records_split_prompt_and_answer_by_the_chat_template(tmp_path):
 
 
 def test_target_defaults_follow_upstream_spread_and_scale():
-    from domino_sglang.config import spread_layer_ids
+    from domino_sglang.model.config import spread_layer_ids
 
     big = target_defaults({"num_hidden_layers": 36, "hidden_size": 4096})
     assert big == {"block_size": 16, "lambda_decay_frac": 1.0, "num_layers": 5,
@@ -144,7 +139,8 @@ def _write(path, convs):
 DDP_RUN = """
 import sys, torch
 from pathlib import Path
-from domino_sglang.train.trainer import load_train_config, train
+from domino_sglang.train.config import load_train_config
+from domino_sglang.train.loop import train
 from tests.train_fixtures import tiny_overrides
 torch.set_num_threads(1)
 tmp = Path(sys.argv[1])
@@ -164,7 +160,7 @@ def test_torchrun_two_cpu_processes_train_the_single_process_drafter(tmp_path):
     import sys
     from pathlib import Path
 
-    from domino_sglang.local_server import free_port
+    from domino_sglang.cli.local_server import free_port
     from tests.train_fixtures import make_records, make_tiny_target, tiny_overrides
 
     make_records(tmp_path / "data.jsonl")

@@ -12,14 +12,9 @@ import pytest
 import torch
 
 from domino_sglang.train import recipe
-from domino_sglang.train.trainer import (
-    FILE_OVERHEAD,
-    TrainConfigError,
-    cache_bytes,
-    feature_plan,
-    load_train_config,
-    train,
-)
+from domino_sglang.train.config import TrainConfigError, load_train_config
+from domino_sglang.train.features import FILE_OVERHEAD, cache_bytes, feature_plan
+from domino_sglang.train.loop import train
 from tests.train_fixtures import tiny_overrides
 
 Usage = namedtuple("Usage", "total used free")

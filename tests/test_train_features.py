@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from domino_sglang.train.trainer import TargetFeatures
+from domino_sglang.train.features import TargetFeatures
 from tests.train_fixtures import VOCAB, make_tiny_target
 
 # float32: a padded batch runs the same math over more rows; the tiny target's features reach

@@ -12,13 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from domino_sglang.train.trainer import TrainConfigError, load_train_config, train
+from domino_sglang.train.config import TrainConfigError, load_train_config
+from domino_sglang.train.loop import train
 from tests.train_fixtures import make_records, make_tiny_target, tiny_overrides
 
 FSDP_RUN = """
 import sys, torch
 from pathlib import Path
-from domino_sglang.train.trainer import _dist, load_train_config, train
+from domino_sglang.train.config import load_train_config
+from domino_sglang.train.loop import train
+from domino_sglang.train.parallel import init_dist
 from tests.train_fixtures import tiny_overrides
 torch.set_num_threads(1)
 tmp = Path(sys.argv[1])
@@ -26,7 +29,7 @@ conf = load_train_config(None, tiny_overrides(tmp, steps=4, batch_size=1, save_e
                          out=str(tmp / "fsdp"), data=str(tmp / "data.jsonl"),
                          target=str(tmp / "target"), device="cpu", strategy="fsdp",
                          distill=0.5, distill_topk=8))
-_dist()  # one group for both calls
+init_dist()  # one group for both calls
 train(conf, progress=False, stop_at=2)  # cut after step 2's checkpoint...
 train(conf, progress=False)  # ...and resumed (model and optimizer state from the full dicts)
 torch.distributed.destroy_process_group()
@@ -38,7 +41,7 @@ def test_torchrun_fsdp_two_cpu_processes_train_the_single_process_drafter(tmp_pa
     target's features computed in lockstep) and one process (2 sequences) see the same global
     batch and average the same gradients: the same drafter to float rounding, here after a
     cut at step 2 and a resume."""
-    from domino_sglang.local_server import free_port
+    from domino_sglang.cli.local_server import free_port
 
     make_records(tmp_path / "data.jsonl")
     make_tiny_target(tmp_path / "target")

@@ -42,9 +42,11 @@ def _replay(drafter: Path, target: Path, records: list[dict]) -> list[int]:
     """Verify rounds `drafter` needs per record, the worker's greedy loop replayed offline."""
     import torch
 
-    from domino_sglang.config import load_draft_config
-    from domino_sglang.model import DominoDrafter
-    from domino_sglang.train.trainer import DrafterTrainModule, TargetFeatures, replay_rounds
+    from domino_sglang.model.config import load_draft_config
+    from domino_sglang.model.drafter import DominoDrafter
+    from domino_sglang.train.evaluate import replay_rounds
+    from domino_sglang.train.features import TargetFeatures
+    from domino_sglang.train.module import DrafterTrainModule
 
     conf = load_draft_config(drafter)
     model = DominoDrafter.from_pretrained(conf, dtype=torch.float32)

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from domino_sglang.train.config import TrainConfigError
+from domino_sglang.train.loop import train
 from domino_sglang.train.recipe import load_recipe, phase_step, plan, run_recipe
-from domino_sglang.train.trainer import TrainConfigError, train
 from tests.train_fixtures import make_records, make_tiny_target
 
 REPO = Path(__file__).resolve().parent.parent

@@ -2,7 +2,7 @@
 
 One random-weight checkpoint of the released Qwen3-8B Domino layout (tests/released_drafters.py:
 verbatim config, sizes scaled down, `model.`-prefixed weights) is loaded twice: by our loader
-(config.py / model.py) and by SGLang's `DFlashDraftModel` (tests/upstream_oracle.py, in a
+(model/config.py / model/drafter.py) and by SGLang's `DFlashDraftModel` (tests/upstream_oracle.py, in a
 subprocess). Attention on both sides is the same `reference_attention`; everything else is each
 side's own code. These tests pin what upstream does: when SGLang changes its drafter, the first
 one that fails says where.
@@ -22,9 +22,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from domino_sglang.config import load_draft_config
-from domino_sglang.model import DominoDrafter
-from domino_sglang.rollout import greedy_rollout
+from domino_sglang.model.config import load_draft_config
+from domino_sglang.model.drafter import DominoDrafter
+from domino_sglang.spec.rollout import HeadParams, greedy_rollout
 from tests.released_drafters import released, scaled, write_released_drafter
 from tests.upstream_oracle import reference_attention
 
@@ -126,7 +126,7 @@ def test_greedy_rollout_equal(pair, pool):
     ours, up, case = pair
     embed = torch.nn.Embedding.from_pretrained(case["embed"], freeze=True)
     with torch.no_grad():
-        head = ours.head(embed, case["lm_head"])
+        head = HeadParams.of(ours, embed, case["lm_head"])
         chain = greedy_rollout(case["rollout_z"], case["bonus"], head, candidate_pool=pool)
         base_only = greedy_rollout(case["rollout_z"], case["bonus"], head, candidate_pool=pool,
                                    use_head=False)

@@ -8,15 +8,15 @@ import sys
 
 import pytest
 
-from domino_sglang.config import DrafterConfigError
-from domino_sglang.paths import shipped_drafter_dir
-from domino_sglang.vocab import (
+from domino_sglang.model.config import DrafterConfigError
+from domino_sglang.model.vocab import (
     FILE,
     build_draft_vocab,
     load_draft_vocab,
     load_draft_vocab_file,
     write_draft_vocab,
 )
+from domino_sglang.paths import shipped_drafter_dir
 
 
 def _data(tmp_path):
@@ -43,7 +43,7 @@ def test_build_keeps_the_most_frequent_answer_tokens(tmp_path):
 def test_always_kept_tokens_come_from_the_target(tmp_path, target_path):
     """The tokens every draft vocabulary keeps are the target's own special tokens (its
     tokenizer's, its config's BOS / EOS), never one model's constants."""
-    from domino_sglang.vocab import special_token_ids
+    from domino_sglang.model.vocab import special_token_ids
 
     other = tmp_path / "other-target"  # weights and config only: the config's ids
     other.mkdir()

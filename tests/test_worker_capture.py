@@ -1,4 +1,4 @@
-"""The per-width CUDA graph captures of the worker's start-up (worker.capture_runtime), with the
+"""The per-width CUDA graph captures of the worker's start-up (capture.capture_runtime), with the
 device's memory and SGLang's capture stubbed: captured when there is room, with the memory they
 took logged; skipped below RUNTIME_MIN_FREE free, naming --mem-fraction-static; a failed capture
 is served eagerly rather than refusing to start."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from domino_sglang import worker as worker_module
-from domino_sglang.worker import RUNTIME_MIN_FREE, DominoWorker
+from domino_sglang.integration import capture
+from domino_sglang.integration.capture import RUNTIME_MIN_FREE
 
 GB = 1 << 30
 
@@ -20,17 +20,15 @@ GB = 1 << 30
 ])
 def test_a_width_is_captured_only_with_room(monkeypatch, caplog, free, fails, captured, said):
     readings = iter(free)
-    monkeypatch.setattr(worker_module, "free_device_memory", lambda device: next(readings))
+    monkeypatch.setattr(capture, "free_device_memory", lambda device: next(readings))
 
-    def capture(model_runner, width):
+    def fake_capture(model_runner, width):
         if fails:
             raise RuntimeError("capture failed")
         return ("backend", f"runner{width}")
 
-    monkeypatch.setattr(worker_module, "verify_graph_runtime", capture)
-    worker = object.__new__(DominoWorker)
-    worker.device = "cuda"
+    monkeypatch.setattr(capture, "verify_graph_runtime", fake_capture)
     runtimes: dict = {}
-    with caplog.at_level("INFO", logger="domino_sglang.worker"):
-        worker.capture_runtime(runtimes, object(), 4, "verify")
+    with caplog.at_level("INFO", logger="domino_sglang.integration.worker"):
+        capture.capture_runtime(runtimes, object(), 4, "verify", "cuda")
     assert (4 in runtimes) is captured and said in caplog.text

@@ -146,25 +146,30 @@ class Plain:
 
 
 def _patch(name: str, module) -> None:
-    if name == "domino_sglang.worker":
+    if name == "domino_sglang.integration.worker":
         W = module.DominoWorker
-        for meth, label in (("open_chain", "open chain"), ("verify_forward", "verify forward"),
-                            ("decode_forward", "verify forward"),
-                            ("target_logits", "logits processing"), ("accept", "accept"),
+        for meth, label in (("open_chain", "open chain"), ("accept", "accept"),
                             ("commit", "commit"), ("write_draft_context", "draft context")):
             setattr(W, meth, stage(label, getattr(W, meth)))
+        for fn, label in (("verify_forward", "verify forward"),  # target.py's, as imported
+                          ("decode_forward", "verify forward"),
+                          ("target_logits", "logits processing")):
+            setattr(module, fn, stage(label, getattr(module, fn)))
         W.decode_round = round_wrapper(W.decode_round, Domino)
         W.prefill = after_prefill(W.prefill)
-        from domino_sglang import drafter, lookup, observer, planner, pointer
+        from domino_sglang.spec import observer, planner, pointer
+        from domino_sglang.spec.proposers import domino, lookup
 
         planner.RoundPlanner.plan = stage("plan", planner.RoundPlanner.plan)
         lookup.PromptLookup.propose = stage("lookup", lookup.PromptLookup.propose)
         observer.RoundObserver.record = stage("observe", observer.RoundObserver.record)
-        D = drafter.DominoDrafter
-        D.draft_block = stage("draft pass", D.draft_block)
+        from domino_sglang.integration import draft_pass
+
+        D = domino.DominoProposer
+        draft_pass.DraftPass.__call__ = stage("draft pass", draft_pass.DraftPass.__call__)
         D.static_rollout = stage("head rollout", D.static_rollout)
-        drafter.greedy_rollout = stage("head rollout", drafter.greedy_rollout)
-        drafter.sampled_rollout = stage("head rollout", drafter.sampled_rollout)
+        domino.greedy_rollout = stage("head rollout", domino.greedy_rollout)
+        domino.sampled_rollout = stage("head rollout", domino.sampled_rollout)
         for meth in ("history", "for_round"):
             setattr(pointer.CopyPaths, meth, stage("copy index", getattr(pointer.CopyPaths, meth)))
     elif name == "sglang.srt.managers.tp_worker" and os.environ.get("DOMINO_PROFILE_PLAIN"):
@@ -177,7 +182,7 @@ def _patch(name: str, module) -> None:
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    WATCH = {"domino_sglang.worker", "sglang.srt.managers.tp_worker"}
+    WATCH = {"domino_sglang.integration.worker", "sglang.srt.managers.tp_worker"}
 
     def find_spec(self, name, path, target=None):
         if name not in self.WATCH:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from domino_sglang.policy import CostModel, SpeculationPolicy
+from domino_sglang.spec.policy import CostModel, SpeculationPolicy
 
 
 def serve(policy: SpeculationPolicy, truth: Callable[[int], float], bs: int, rounds: int,

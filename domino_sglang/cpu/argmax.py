@@ -1,9 +1,8 @@
-"""torch.argmax over the vocabulary, exactly, ~8x faster on the CPU: the greedy pick of every
+"""torch.argmax over the vocabulary, exactly, faster on the CPU: the greedy pick of every
 verified position, head step and greedy row.
 
-torch's CPU argmax reduces a row one element at a time (1 thread, AMD EPYC: 41 us a 49,152-wide
-fp32 row, 1.3 ms for the 32 rows of a plain round at bs 32, ~0.6 % of that round), while its
-amax is vectorised (18x faster). So reduce in two levels (a blocked reduction):
+torch's CPU argmax reduces a row one element at a time, while its amax is vectorised. So
+reduce in two levels (a blocked reduction):
 
     m_j   = max of block j (BLOCK consecutive logits)          amax over [rows, V / BLOCK, BLOCK]
     j*    = argmax_j m_j                                       the first block holding the max
@@ -13,16 +12,16 @@ amax is vectorised (18x faster). So reduce in two levels (a blocked reduction):
 It is the first maximal index, as torch.argmax's: no block before j* holds the maximum (j* is
 the first block whose max equals it) and no index before i* in block j* does. NaN is a maximum
 to both (amax propagates it, argmax returns the first NaN), so a row with NaN gives its first
-NaN either way. Measured (rows x 49,152, fp32, 1 thread): 16 rows 0.67 -> 0.08 ms, 64 rows
-2.64 -> 0.28 ms. Plain decoding (SGLang's sampler) keeps torch.argmax; the tokens are the same.
-Other devices, and widths BLOCK does not divide, use torch.argmax.
+NaN either way. Plain decoding (SGLang's sampler) keeps torch.argmax; the tokens are the same.
+Other devices, and widths BLOCK does not divide, use torch.argmax. What it saves, and what
+torch's argmax costs a round: docs/cpu-runtime.md, `argmax.py`.
 """
 
 from __future__ import annotations
 
 import torch
 
-BLOCK = 256  # 128-512 measure the same; 64 is 1.4x slower at 64 rows
+BLOCK = 256  # 128-512 measure alike (docs/cpu-runtime.md); narrower leaves argmax more maxima
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:

@@ -21,11 +21,8 @@ the batched matmuls, faster there): one call per request, every query row on its
 row attends as the plain step's row does). The plan (slots and masks) is built once per
 forward and shared by all layers. On a CPU this per-request loop is the fast layout: reading
 the KV is what costs (memory-bound), and padding every request to the batch's longest prefix,
-as one batched call must, multiplies the bytes read. Microbenchmark, 1 thread, AMD EPYC, fp32,
-per layer (9 query / 3 KV heads, D 64, scattered slots; the earlier padded batched layout ->
-this one): decode bs 64 with prefixes of 50..770 tokens 210 -> 29 ms, decode bs 32 with
-60..200 tokens 15.1 -> 4.4 ms, decode bs 1 with 300 tokens 0.38 -> 0.14 ms, 16-token verify at bs 16
-10.7 -> 4.7 ms.
+as one batched call must, multiplies the bytes read (the padded layout against this one, per
+layer: docs/cpu-runtime.md, `attention.py`).
 
 Depends on SGLang internals (imported through sglang_compat.py, which lists them):
 `AttentionBackend`, `ForwardBatch` fields (`forward_mode`, `seq_lens`, `extend_prefix_lens`,
@@ -209,11 +206,10 @@ def paged_attention(
 def _attend_fp32(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: KeyMask,
                  scaling: float) -> torch.Tensor:
     """Queries q [n, Hq, D] over keys / vals [p + n, Hkv, D] under `mask`, in float32 through two
-    batched matmuls; returns [n, Hq, Dv] in q's dtype. torch's CPU SDPA in bf16 is slower,
-    worst for a single query, which made a plain decode step grow ~25 us per context token
-    (1 thread, AMD EPYC, 9 / 3 heads of 64, SDPA bf16 -> here: 1 query over 300 / 900 / 2000
-    keys 209 / 653 / 1507 -> 39 / 98 / 318 us; 4 queries 94 / 251 / 545 -> 71 / 180 / 386 us;
-    16 queries about even). Query head h reads KV head h // (Hq / Hkv), as SDPA's enable_gqa.
+    batched matmuls; returns [n, Hq, Dv] in q's dtype. torch's CPU SDPA in bf16 takes a slow
+    path, worst for a single query, so a plain decode step grew with its context far faster
+    than through these matmuls (figures: docs/cpu-runtime.md, `attention.py`). Query head h
+    reads KV head h // (Hq / Hkv), as SDPA's enable_gqa.
     """
     n, hq, d = q.shape
     hkv, keys_n = keys.shape[1], keys.shape[0]

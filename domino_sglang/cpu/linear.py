@@ -3,15 +3,11 @@ layout, or for bf16 weights the native few-row kernel (native.c) where it runs.
 
 On the CPU engine SGLang 0.5.23 runs every dense projection as `F.linear` / `torch.matmul`,
 i.e. MKL, unless the CPU build of sgl-kernel (Intel AMX only) is installed. On these AMD
-machines MKL runs a small-M GEMM as one GEMV per row, so a 16-token verify pays ~6x one token
-in the MLP and ~2.7x in the lm_head, and its rows differ from the same rows computed alone.
-oneDNN with the weight reordered once into its blocked layout (the layout PyTorch's own
-inductor uses for CPU linears) is faster at every M and, over K = 576, row-invariant.
-Microbenchmark, 1 thread, AMD EPYC, fp32, ms per call (F.linear -> packed oneDNN):
-
-    576 -> 3072 (MLP):    M=1 0.102 -> 0.086, M=4 0.252 -> 0.091, M=16 0.627 -> 0.237,
-                          M=256 8.86 -> 3.66
-    576 -> 49152 (head):  M=1 6.49 -> 2.56,   M=2 12.9 -> 2.84,   M=16 18.1 -> 5.73
+machines MKL runs a small-M GEMM as one GEMV per row, so a 16-token verify pays several times
+one token's cost in the MLP and the lm_head, and its rows differ from the same rows computed
+alone. oneDNN with the weight reordered once into its blocked layout (the layout PyTorch's own
+inductor uses for CPU linears) is faster at every M and, over K = 576, row-invariant (the
+microbenchmark, F.linear against the packed weight: docs/cpu-runtime.md, `linear.py`).
 
 Row-invariance (a row's output does not depend on the other rows of the call) means those
 projections give the verify pass exactly the numbers a plain decode step gets. Not all: the
@@ -22,7 +18,7 @@ differ from a plain step's in the last bits; the fp32 exactness tests hold on re
 
 bf16 weights go to the native linear kernel (native.c) where it builds and the CPU has
 AVX512-BF16: it streams the weights faster than oneDNN's bf16 kernel at every row count measured,
-most at one row (docs/studies/linear_rows.py), and every row is row-invariant, the down
+most at one row (benchmarks/studies/linear_rows.py), and every row is row-invariant, the down
 projection included. Elsewhere, and for fp32, oneDNN as above.
 
 How it plugs in (SGLang internals, all in `install()`, imported through sglang_compat.py):
@@ -80,7 +76,7 @@ def onednn_pack(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 # oneDNN's bf16 kernel for a 2-row input streams the weight slower than the one for 3-6 rows, so
-# 2 rows run as 4 (the measurement: docs/studies/linear_rows.py, docs/results/linear_rows.md);
+# 2 rows run as 4 (the measurement: benchmarks/studies/linear_rows.py, docs/results/linear_rows.md);
 # 1 row gains nothing from it. Two rows are a plain step at bs 2 and a 2-token verify (or
 # draft) at bs 1.
 PADDED_ROWS = {2: 4}  # bf16 inputs of this many rows run as that many (their rows repeated)

@@ -32,8 +32,8 @@ from domino_sglang import paths
 from domino_sglang.cpu.bootstrap import env_switch
 
 if TYPE_CHECKING:
-    from domino_sglang.pointer import PointerCopy
-    from domino_sglang.rollout import Candidates, HeadParams
+    from domino_sglang.spec.pointer import PointerCopy
+    from domino_sglang.spec.rollout import Candidates, HeadParams
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def rope_f32(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """The drafter's apply_rope (model.py) over bf16 x [T, heads, D] with its fp32 tables
+    """The drafter's apply_rope (model/drafter.py) over bf16 x [T, heads, D] with its fp32 tables
     (cos, sin) [T, 1, D]: a new [T, heads, D] bf16, the same roundings (fp32 products and sum,
     then bf16)."""
     tokens, heads, dim = x.shape
@@ -153,10 +153,10 @@ def rope_f32(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.
 
 
 def fuse_drafter(drafter: torch.nn.Module) -> bool:
-    """Run a bf16 drafter's RMS norms and rotary embeddings (model.py) on the native kernels,
+    """Run a bf16 drafter's RMS norms and rotary embeddings (model/drafter.py) on the native kernels,
     in place: each bf16 RMSNorm becomes a native one (the same formula, one pass), each
     attention rotates with `rope_f32`. True if done (bf16 weights, kernels built here)."""
-    from domino_sglang.model import DraftAttention, RMSNorm
+    from domino_sglang.model.drafter import DraftAttention, RMSNorm
 
     if drafter.fc.weight.dtype != torch.bfloat16 or not available():
         return False

@@ -22,7 +22,7 @@ accuracies. 6x fewer logit rows at Vd = 8,192 of V = 49,152.
 Distillation (optional, weight beta): the greedy label is only the target's argmax, but a sampled
 request accepts a draft with probability sum_v min(p, q) (1 - total variation), which only a
 drafter whose whole distribution q follows the target's p maximises. With the target's top-k
-logits at each label position (trainer.TargetFeatures.soft), every CE above becomes
+logits at each label position (features.TargetFeatures.soft), every CE above becomes
 
     CE_x = (1 - beta) * CE(x, y) + beta * sum_v -p_tau(v) log softmax(x)(v)
     p_tau = softmax(target top-k logits / tau), renormalised over the top-k tokens inside the
@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from domino_sglang.pointer import copy_wins, log_gate, mixed_log_prob
+from domino_sglang.spec.pointer import copy_wins, log_gate, mixed_log_prob
 
 IGNORE = -100
 

@@ -1,6 +1,6 @@
 """Training recipes: one TOML file, optionally in phases run in order into one output folder.
 
-A recipe is TrainConfig keys (trainer.py). A multi-phase recipe adds `[[phase]]` tables; every
+A recipe is TrainConfig keys (config.py). A multi-phase recipe adds `[[phase]]` tables; every
 phase is the base keys overridden by its own table, then by the command line (`--set`, flags):
 
     data = "answers.jsonl"          # base: every phase's defaults
@@ -21,7 +21,8 @@ feature cache is hard-linked into the next phase's folder when both read the sam
 same feature dtype (the features depend on nothing else). When the last phase ends its drafter is
 copied to OUT/drafter. A recipe without `[[phase]]` is one phase trained in OUT itself.
 
-Depends on trainer.py only (config building and train()).
+Depends on config.py, features.py (sizing the feature cache), parallel.py and loop.py
+(train()).
 """
 
 from __future__ import annotations
@@ -34,18 +35,11 @@ from pathlib import Path
 
 import torch
 
-from domino_sglang.train.trainer import (
-    TrainConfig,
-    TrainConfigError,
-    _dist,
-    cache_bytes,
-    config_from_dict,
-    feature_plan,
-    free_bytes,
-    resolve_device,
-    train,
-)
-from domino_sglang.vocab import FILE as VOCAB_FILE
+from domino_sglang.model.vocab import FILE as VOCAB_FILE
+from domino_sglang.train.config import TrainConfig, TrainConfigError, config_from_dict
+from domino_sglang.train.features import cache_bytes, feature_plan, free_bytes
+from domino_sglang.train.loop import train
+from domino_sglang.train.parallel import init_dist, resolve_device
 
 PHASE_KEYS = ("name", "keep_draft_vocab")  # phase-only keys, beside any TrainConfig key
 
@@ -197,7 +191,7 @@ def run_recipe(phases: list[Phase], root: Path | None, progress: bool = True) ->
     rank = int(os.environ.get("RANK", "0"))
     owns_group = world > 1 and not torch.distributed.is_initialized()
     if owns_group:  # one process group for every phase (train() leaves a caller's group open)
-        _dist(resolve_device(phases[0].conf.device))
+        init_dist(resolve_device(phases[0].conf.device))
     try:
         _run_phases(phases, rank, world, progress)
     finally:

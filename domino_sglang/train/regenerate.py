@@ -3,9 +3,9 @@
 Drafters learn what the TARGET would say, so responses are regenerated (greedy by default) rather
 than taken from the dataset. A prompt is a conversation's first user turn, or (`turn` > 1) the
 conversation up to a later user turn with the dataset's answers in between; or (`source_items`)
-a code-completion request for a documented standard-library function (data.python_functions)
-or a templated grade-school word problem (data.math_problems), or a templated general-chat
-request (data.chat_requests).
+a code-completion request for a documented standard-library function (prompt_sets.python_functions)
+or a templated grade-school word problem (prompt_sets.math_problems), or a templated general-chat
+request (prompt_sets.chat_requests).
 `dataset_answers` instead keeps ShareGPT's OWN first answers (no server): off-policy text, for
 training with the target's distribution as the label (trainer `distill = 1`, `extra_data`).
 Prompts are tokenised with the target's chat template exactly as SGLang's OpenAI chat endpoint does
@@ -237,7 +237,7 @@ def sharegpt_items(tokenizer, limit: int | None, max_prompt_tokens: int, first_i
     (the target answers the last turn only), with id (turn - 1) * TURN_ID_STRIDE + index.
     The id is the prompt's stable key in the cache, so a resume with the same data skips it.
     """
-    from domino_sglang.data import sharegpt_conversations
+    from domino_sglang.train.prompt_sets import sharegpt_conversations
 
     out = []
     for i, conv in enumerate(sharegpt_conversations()):
@@ -255,15 +255,16 @@ def sharegpt_items(tokenizer, limit: int | None, max_prompt_tokens: int, first_i
 def source_items(source: str, tokenizer, limit: int | None, max_prompt_tokens: int,
                  first_id: int = 0) -> list[tuple[int, list[int]]]:
     """(prompt id, chat prompt ids) of a prompt source beside ShareGPT ("python":
-    data.python_functions, "math": data.math_problems, "chat": data.chat_requests) from index
+    prompt_sets.python_functions, "math": prompt_sets.math_problems, "chat":
+    prompt_sets.chat_requests) from index
     `first_id` on, at most
     `limit` of them, skipping prompts over the length cap; id SOURCE_ID_BASE[source] + index,
     so they sort after every ShareGPT turn (and are a stage's held-out records when it trains on
     them)."""
-    from domino_sglang import data
+    from domino_sglang.train import prompt_sets
 
-    prompts = {"python": data.python_functions, "math": data.math_problems,
-               "chat": data.chat_requests}[source]()
+    prompts = {"python": prompt_sets.python_functions, "math": prompt_sets.math_problems,
+               "chat": prompt_sets.chat_requests}[source]()
     out = []
     for i, prompt in enumerate(prompts):
         if i < first_id:
@@ -289,7 +290,7 @@ def dataset_answers(tokenizer, limit: int | None, max_prompt_tokens: int, max_ne
     templated ids do not start with its prompt's (a merge across the boundary) is skipped.
     Their tokens are not what the target would say, so only the target's own distribution at
     each position is a right label for them (the trainer's `distill = 1`)."""
-    from domino_sglang.data import sharegpt_conversations
+    from domino_sglang.train.prompt_sets import sharegpt_conversations
 
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     out = []

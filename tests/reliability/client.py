@@ -6,7 +6,7 @@ import time
 
 import requests
 
-from domino_sglang.local_server import sse_chunks
+from domino_sglang.cli.local_server import sse_chunks
 
 API_KEY = "domino-reliability-test-key-7d1f"  # a test value, not a secret
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

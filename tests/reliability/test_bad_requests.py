@@ -1,7 +1,7 @@
 """Bad requests through the OpenAI API (and the native one) on the shared DOMINO server: each a
 4xx with a message that says what is wrong, never a 500, never a dead scheduler; then a bounded
 fuzz of chat bodies (hypothesis). Two bodies SGLang 0.5.23 itself answers with a 500 (a JSON
-array body; a non-object response_format) are 400s through domino_sglang.guards.BodyShapeGuard.
+array body; a non-object response_format) are 400s through domino_sglang.http.guards.BodyShapeGuard.
 """
 
 from __future__ import annotations
@@ -55,12 +55,12 @@ BAD = [
      "Prompt cannot be empty"),
     ("prompt not text", "completion", {"model": "default", "prompt": 5}, "prompt"),
     # These two killed the whole SGLang 0.5.23 server (IndexError in the scheduler's embedding);
-    # domino_sglang/guards.py refuses them in the tokenizer manager.
+    # domino_sglang/http/guards.py refuses them in the tokenizer manager.
     ("token id above the vocabulary", "completion",
      {"model": "default", "prompt": [999999999], "max_tokens": 2}, "out-of-vocabulary token id"),
     ("negative token id", "generate", {"input_ids": [1, -3], "sampling_params": {
         "max_new_tokens": 2}}, "out-of-vocabulary token id -3"),
-    # Outputs DOMINO does not produce (domino_sglang.algorithm.refuse_unsupported_outputs):
+    # Outputs DOMINO does not produce (integration/algorithm.py refuse_unsupported_outputs):
     # SGLang alone aborted the first with a 500 after one token.
     ("sampling mask", "generate", {"text": "Hi", "return_sampling_mask": True,
                                    "sampling_params": {"max_new_tokens": 8, "temperature": 0}},

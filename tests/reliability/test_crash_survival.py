@@ -5,8 +5,8 @@ Every case in CRASHES took the whole server down on 780c26f (checked against a s
 revision: `python tests/reliability/test_crash_survival.py URL API_KEY ADMIN_KEY` runs the
 cases against any running server and prints what each got); FORMERLY_500 were 500s there.
 The admin sweep calls every admin route SGLang serves with the admin key and bad arguments;
-the fuzz sends /generate sampling parameters from hypothesis. Guards: domino_sglang/guards.py,
-access rules: domino_sglang/security.py, weight updates: DominoWorker.weight_update_runners.
+the fuzz sends /generate sampling parameters from hypothesis. Guards: domino_sglang/http/guards.py,
+access rules: domino_sglang/http/access.py, weight updates: DominoWorker.weight_update_runners.
 """
 
 from __future__ import annotations

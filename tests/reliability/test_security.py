@@ -17,7 +17,8 @@ import pytest
 import requests
 
 from domino_sglang import cli
-from domino_sglang.guards import install_log_redaction, redact_command
+from domino_sglang.cli import serve
+from domino_sglang.http.guards import install_log_redaction, redact_command
 from tests.reliability.client import ADMIN_AUTH, ADMIN_KEY, API_KEY, AUTH
 
 # Open by design in SGLang 0.5.23 (utils/auth.py: probes and Prometheus scrapes need no secret):
@@ -28,7 +29,7 @@ OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 def test_serve_command_passes_the_key_and_prints_it_redacted(target_path, capsys):
     args = cli.make_parser().parse_args(["serve", "--model-path", str(target_path),
                                          "--api-key", "k-123", "--device", "cpu"])
-    cmd, _ = cli.build_serve_command(args, [])
+    cmd, _ = serve.build_serve_command(args, [])
     assert cmd[cmd.index("--api-key") + 1] == "k-123"
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1"  # loopback unless --host
     assert "--trust-remote-code" not in cmd
@@ -42,8 +43,9 @@ def test_serve_reads_keys_from_files(target_path, tmp_path, monkeypatch):
     flag (the key on no command line), and no key is read from the environment; SGLang's parse,
     through the plugin's hook, sets api_key from it; every bad file or a key given twice is one
     line."""
-    from domino_sglang import server_flags
-    from domino_sglang.options import DominoOptionError
+    from domino_sglang.http import flags as http_flags
+    from domino_sglang.integration import server_flags
+    from domino_sglang.spec.options import DominoOptionError
 
     monkeypatch.setenv("DOMINO_SGLANG_API_KEY", "env-key-55")  # an old setting, ignored
     monkeypatch.setenv("DOMINO_SGLANG_ADMIN_API_KEY", "adm-env-3")
@@ -53,17 +55,17 @@ def test_serve_reads_keys_from_files(target_path, tmp_path, monkeypatch):
     args = cli.make_parser().parse_args(["serve", "--model-path", str(target_path), "--device",
                                          "cpu", "--api-key-file", str(key),
                                          "--admin-api-key-file", str(admin)])
-    cmd, _ = cli.build_serve_command(args, [])
+    cmd, _ = serve.build_serve_command(args, [])
     assert cmd[cmd.index("--domino-api-key-file") + 1] == str(key)
     assert cmd[cmd.index("--domino-admin-api-key-file") + 1] == str(admin)
     assert "--api-key" not in cmd and not [a for a in cmd if "key-" in a and "file" not in a]
     bare = cli.make_parser().parse_args(["serve", "--model-path", str(target_path), "--device",
                                          "cpu"])
-    cmd, _ = cli.build_serve_command(bare, [])
+    cmd, _ = serve.build_serve_command(bare, [])
     assert not {"--api-key", "--admin-api-key", "env-key-55", "adm-env-3"} & set(cmd)
     namespace = argparse.Namespace(api_key=None, admin_api_key=None, domino_api_key_file=str(key),
                                    domino_admin_api_key_file=str(admin))
-    server_flags.apply_key_files(namespace)
+    http_flags.apply_key_files(namespace)
     assert (namespace.api_key, namespace.admin_api_key) == ("file-key-1", "adm-file-2")
     assert install_log_redaction(["x", "--domino-api-key-file", str(key)]) == ["file-key-1"]
     empty = tmp_path / "empty"

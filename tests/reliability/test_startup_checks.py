@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from domino_sglang.algorithm import (
+from domino_sglang.integration.algorithm import (
     DominoArgsError,
     check_pool_fits,
     clip_max_new_tokens,
@@ -63,7 +63,7 @@ def test_pool_too_small_for_the_running_requests_is_refused(drafter):
 
 def test_default_running_requests_shrink_to_the_pool(drafter, caplog):
     a = server_args(drafter, max_total_tokens=256)
-    with caplog.at_level("INFO", logger="domino_sglang.algorithm"):
+    with caplog.at_level("INFO", logger="domino_sglang.integration.algorithm"):
         resolve_server_args(a)
     assert a.max_running_requests == 256 // 33 == 7
     assert "max_running_requests=7 (was 48)" in caplog.text  # a changed default is logged

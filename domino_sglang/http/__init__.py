@@ -1,0 +1,1 @@
+"""HTTP guards for SGLang's server: request limits, access rules, key files."""

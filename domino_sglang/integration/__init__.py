@@ -1,0 +1,1 @@
+"""The SGLang integration: plugin, algorithm, server flags, the worker and its assembly."""

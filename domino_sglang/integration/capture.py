@@ -1,0 +1,106 @@
+"""The round's CUDA graphs, captured once at start-up after the target's: the draft pass, the
+head rollout's static runners and the target's verify at each width the planner may choose.
+
+Where SGLang captured decode graphs (CUDA, no --disable-cuda-graph), at the batch sizes it
+captured: the draft pass by SGLang's own draft graph runner (TARGET_VERIFY at width B, as its
+DFLASH worker does) and per smaller draft width, the head rollout's start-up runners
+(spec/graphs.py), and a target verify runtime per captured width below B (graphs.verify_widths:
+plain rounds at width 1). Rounds then verify only at those widths (the planner rounds L up).
+`--speculative-domino-debug-gpu-shape on` takes every one of these decisions where no graphs
+run (the CPU): the same buckets, widths and start-up runners, run eagerly.
+UNVERIFIED on a GPU: no session that wrote it had one (README, GPU).
+
+Private SGLang internals (sglang_compat.py): the decode graph runner's batch sizes, the draft
+worker's `init_cuda_graphs`, `verify_graph_runtime`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from domino_sglang.integration.build import RoundParts
+from domino_sglang.sglang_compat import (
+    decode_graph_batch_sizes,
+    free_device_memory,
+    graph_batch_sizes,
+    verify_graph_runtime,
+)
+from domino_sglang.spec.graphs import BUCKETS, RolloutGraphs, verify_widths
+
+logger = logging.getLogger("domino_sglang.integration.worker")  # the start-up lines: the worker's
+# Free device memory a per-width graph capture needs to start (SGLang's DFLASH asks the same
+# before capturing its draft graphs)
+RUNTIME_MIN_FREE = 1 << 30
+
+
+def capture_graphs(parts: RoundParts, model_runner, device, verify_runtimes: dict) -> bool:
+    """Capture the round's graphs (module docstring) into the parts and `verify_runtimes`
+    (width -> runtime); returns whether rounds are GPU-shaped (static buffers, captured
+    widths), with or without graphs."""
+    captured = decode_graph_batch_sizes(device)
+    opts, drafter, block = parts.options, parts.drafter, parts.block_size
+    gpu_shape = bool(captured) if opts.gpu_shape is None else opts.gpu_shape
+    parts.draft_pass.graph_bs = captured
+    parts.draft_worker.init_cuda_graphs(capture_decode_cuda_graph=bool(captured))
+    if not gpu_shape:
+        return False
+    buckets = graph_batch_sizes(model_runner, captured, BUCKETS)
+    widths = verify_widths(block)
+    parts.planner.widths = parts.policy.widths = widths
+    copy = drafter.copy
+    graphs = drafter.rollout_graphs = RolloutGraphs(
+        drafter.head, block, parts.conf.hidden_size, parts.draft_model_runner.dtype,
+        device, candidate_pool=opts.candidate_pool, use_head=opts.head,
+        temperature_scale=opts.draft_temperature_scale,
+        copy_gate=copy.gate if copy is not None and copy.on_device else None,
+        history_cap=model_runner.model_config.context_len,
+        capture=bool(captured), buckets=buckets)
+    need = graphs.buffer_bytes()
+    free = free_device_memory(device)
+    logger.info("DOMINO: CUDA-graph shapes: batch buckets %s, verify widths %s; %.1f MB of "
+                "static rollout buffers outside SGLang's reservation (%s free)",
+                list(buckets), list(widths), need / 2**20,
+                "n/a" if free is None else f"{free / 2**20:.0f} MB")
+    if free is not None and need > free:
+        raise RuntimeError(
+            f"DOMINO: the head rollout's static buffers need {need / 2**20:.0f} MB but "
+            f"{free / 2**20:.0f} MB of device memory is free: lower --mem-fraction-static "
+            f"(or --max-running-requests, or --disable-cuda-graph)")
+    built = graphs.capture_startup()
+    logger.info("DOMINO: %d head-rollout runners built at start-up (%s)", built,
+                "CUDA graphs" if captured else "run eagerly: no CUDA graphs here")
+    if not captured:
+        return True
+    for width in widths:
+        if width < block:
+            capture_runtime(verify_runtimes, model_runner, width, "verify", device)
+            if opts.short_draft and width > 1:
+                capture_runtime(parts.draft_pass.runtimes, parts.draft_model_runner, width,
+                                "draft pass", device)
+    logger.info("DOMINO: target verify CUDA graphs captured at widths %s, draft pass at %s",
+                sorted(verify_runtimes) + [block], sorted(parts.draft_pass.runtimes) + [block])
+    return True
+
+
+def capture_runtime(runtimes: dict, model_runner, width: int, what: str, device) -> None:
+    """Capture `model_runner`'s graphs at `width` into runtimes[width], logging the device
+    memory they took (outside SGLang's reservation; known only once captured). A width whose
+    capture fails, or that would start with less than RUNTIME_MIN_FREE free, is served eagerly
+    (exact, slower; counted in domino_eager_rounds_total) and said, rather than refusing to
+    start: these graphs are an optimisation."""
+    before = free_device_memory(device)
+    if before is not None and before < RUNTIME_MIN_FREE:
+        logger.warning("DOMINO: %.0f MB free: the %s CUDA graphs at width %d are not "
+                       "captured (rounds at that width run eagerly); lower "
+                       "--mem-fraction-static to leave room", before / 2**20, what, width)
+        return
+    try:
+        runtimes[width] = verify_graph_runtime(model_runner, width)
+    except Exception:  # noqa: BLE001 (any capture failure: the eager path stays correct)
+        logger.exception("DOMINO: could not capture the %s CUDA graphs at width %d; rounds "
+                         "at that width run eagerly", what, width)
+        return
+    after = free_device_memory(device)
+    if before is not None and after is not None:
+        logger.info("DOMINO: %s CUDA graphs at width %d took %.1f MB", what, width,
+                    (before - after) / 2**20)

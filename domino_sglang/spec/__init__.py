@@ -1,0 +1,1 @@
+"""The device-neutral decode round: plan, proposers, rollout, verify, sampling, policy, metrics."""

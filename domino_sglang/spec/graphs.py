@@ -1,0 +1,377 @@
+"""Static-buffer runners for the draft side: one function over fixed-shape input buffers, replayed
+as a CUDA graph on CUDA, run eagerly on the same buffers elsewhere.
+
+A `StaticRunner` owns (or is given) its input buffers, the shapes of one batch-size bucket; a call
+copies the round's inputs into them and either replays the captured graph or runs the function
+on them. Outputs are the runner's own, overwritten by its next call. `RolloutGraphs` keeps one
+runner per (batch bucket, L, ...) for the head rollout (greedy, sampled, with a pointer
+drafter's device copy path): rows beyond the batch are padding, reset every round, their
+outputs dropped.
+
+Every decision is the same on every device: the buckets are the batch sizes SGLang captured
+(sglang_compat.graph_batch_sizes), the runners built at start-up (`capture_startup`) are the
+only ones captured, and a round whose key was not built then runs its runner eagerly on the
+same buffers (`replayed` says which). On CUDA (SGLang's CUDA graphs on) `capture=True` turns
+the start-up runners into graphs; on the CPU under `--speculative-domino-debug-gpu-shape on`
+the same runners run eagerly (the tests' view of the GPU path). The draft backbone pass is
+captured by SGLang's own draft graph runner (worker.init_cuda_graphs), not here. Torch only:
+benchmarks/gpu_check.py runs this module on a bare CUDA machine.
+
+Verified: on the CPU the static-buffer path, padding included, equals the dynamic rollout token
+for token and q for q (tests/test_graphs.py: greedy / sampled / pointer) and the served output
+equals plain decoding with it on (tests/test_domino_server.py). UNVERIFIED (no GPU so far): the
+CUDA capture itself (`capture=True`), written to torch's documented recipe (warm-up on a side
+stream, `torch.cuda.graph` with one shared memory pool, replay) and exercised only by
+benchmarks/gpu_check.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from domino_sglang.spec.pointer import DevicePointerCopy
+from domino_sglang.spec.rollout import HeadParams, greedy_rollout, sampled_rollout
+from domino_sglang.spec.sampling import SamplingRows
+
+# Batch-size buckets where SGLang's own capture list is not at hand (unit tests, gpu_check.py):
+# its default sizes start 1, 2, 4, 8, then every 8; a batch runs in the smallest bucket holding it
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
+
+
+# The verify (and short draft) widths captured besides the full block B: a round that wants L
+# tokens verifies the smallest of these >= L, with that many real drafts (RoundPlanner.widths).
+# The GPU's verify costs about as much at B as at 2 (it is launch- and weight-bound), so a few
+# widths cover it; the CPU's cost grows with L, and outside the GPU shape it keeps every L.
+CAPTURED_WIDTHS = (1, 2, 4, 8)
+
+
+def verify_widths(block: int) -> tuple[int, ...]:
+    """The widths rounds verify at when the target's verify runs from captured graphs."""
+    return tuple(sorted({w for w in CAPTURED_WIDTHS if w < block} | {block}))
+
+
+def width_for(length: int, widths: tuple[int, ...]) -> int:
+    """The smallest width >= length (the largest if none is)."""
+    return next((w for w in widths if w >= length), widths[-1])
+
+
+def bucket_for(bs: int, buckets: tuple[int, ...] = BUCKETS) -> int | None:
+    """The smallest bucket >= bs, or None when bs is larger than every bucket (run eagerly)."""
+    for b in buckets:
+        if b >= bs:
+            return b
+    return None
+
+
+class StaticRunner:
+    """fn(**inputs) -> tuple of tensors, over static input buffers: copies of `example`, or
+    `example`'s tensors themselves with `own=False` (buffers shared with other runners). `pool`:
+    a CUDA graph memory pool shared by runners that never replay concurrently."""
+
+    def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]],
+                 example: dict[str, torch.Tensor], capture: bool, warmup: int = 2,
+                 own: bool = True, pool=None):
+        self.fn = fn
+        self.inputs = {k: v.clone() for k, v in example.items()} if own else dict(example)
+        self.graph = None
+        self.outputs = None
+        if capture:  # UNVERIFIED on a GPU (module docstring)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(warmup):  # allocator / cuBLAS warm-up outside the capture
+                    fn(**self.inputs)
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            # thread_local: another thread's CUDA call during a (lazy) capture is not an error
+            with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
+                self.outputs = fn(**self.inputs)
+
+    def __call__(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Copy `inputs` (same names, shapes and dtypes as the example) into the buffers and run."""
+        for name, value in inputs.items():
+            buf = self.inputs[name]
+            if value.shape != buf.shape:
+                raise ValueError(f"StaticRunner: input {name!r} has shape {tuple(value.shape)}, "
+                                 f"the buffer {tuple(buf.shape)}")
+            buf.copy_(value)
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.outputs = self.fn(**self.inputs)
+        return self.outputs
+
+    def replay(self) -> tuple[torch.Tensor, ...]:
+        """Run over the buffers as they are (the caller filled them in place)."""
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.outputs = self.fn(**self.inputs)
+        return self.outputs
+
+
+# The sampled rollout's q [bucket, B-1, V] float32 is one buffer per bucket (q of bucket 64 at
+# Qwen3's 152k vocabulary would be 583 MB); larger sampled batches roll out eagerly.
+SAMPLED_MAX_BUCKET = 16
+# A pointer drafter's history buffer widths (tokens): the copy index scans the whole width at
+# every draft position, so a round runs at the smallest width holding its longest history
+HISTORY_WIDTHS = tuple(256 << i for i in range(12))  # 256 .. 512k
+
+
+def history_width(tokens: int) -> int:
+    """The smallest HISTORY_WIDTHS entry >= tokens (the largest if none is)."""
+    return next((w for w in HISTORY_WIDTHS if w >= tokens), HISTORY_WIDTHS[-1])
+
+_TOP_K_OFF = 1 << 30  # a padding row's top-k: no filter (top_k <= 1 would make it greedy)
+# The sampled runners captured at start-up, by their filter flags (need_sort, need_min_p,
+# has_greedy): temperature-only rows, and every filter on (exact for any mix of rows: a flag
+# only skips work its rows do not need). A round with other flags runs the filters-on runner.
+SAMPLED_VARIANTS = ((False, False, False), (True, True, True))
+
+
+class RolloutGraphs:
+    """The head rollout (rollout.greedy_rollout, rollout.sampled_rollout) over static buffers:
+    one StaticRunner per (kind, batch bucket, L, sampling flags, logit bias), all of a bucket
+    reading the same input buffers (z [bucket, B, H], the sampling rows, a pointer drafter's
+    history [bucket, W] at the smallest HISTORY_WIDTHS entry W holding the round's longest history,
+    a key part too) and, sampled, writing q into one buffer per bucket. Their memory (q of
+    bucket 16: 16 x (B-1) x V float32) is the plugin's, outside SGLang's static reservation.
+
+    `buckets`: the batch sizes SGLang captured its decode graphs for. `capture`: CUDA graphs
+    (one memory pool: safe because a round replays one rollout and consumes its outputs before
+    the next), for the runners `capture_startup` builds (greedy: every bucket, L = 2..B, the
+    smallest history width; sampled: buckets up to SAMPLED_MAX_BUCKET, L = 2..B, the
+    SAMPLED_VARIANTS, no logit bias); a key first seen while serving gets a runner that runs
+    eagerly (never a capture inside a serving round). Without `capture` every runner runs
+    eagerly over the same buffers. Rows bs..bucket-1 are padding: every op of the rollout is
+    row-wise, so they never reach a real row, and their outputs are dropped.
+    `copy_gate`: a pointer drafter's gate, copy index on the device (pointer.DevicePointerCopy),
+    or None."""
+
+    def __init__(self, head: HeadParams, block: int, hidden: int, dtype: torch.dtype,
+                 device: torch.device | str, *, candidate_pool: int, use_head: bool,
+                 temperature_scale: float, copy_gate: torch.nn.Module | None,
+                 history_cap: int, capture: bool, buckets: tuple[int, ...] = BUCKETS):
+        self.head, self.block, self.hidden, self.dtype = head, block, hidden, dtype
+        self.device = torch.device(device)
+        self.candidate_pool, self.use_head = candidate_pool, use_head
+        self.temperature_scale, self.copy_gate = temperature_scale, copy_gate
+        self.history_cap, self.capture, self.buckets = history_cap, capture, buckets
+        self.pool = None  # the CUDA graphs' memory pool, made by capture_startup
+        self.buffers: dict[int, dict[str, torch.Tensor]] = {}  # bucket -> name -> buffer
+        self.runners: dict[tuple, StaticRunner] = {}
+        self.captured: set[tuple] = set()  # the keys built by capture_startup
+        self._starting = False  # inside capture_startup: the only place a runner is captured
+        self.input_rows = self._input_rows()
+
+    def eager_reason(self, bs: int, sampled: bool, history_len: int | None = None) -> str | None:
+        """Why a round of bs requests cannot use the runners (a label of
+        domino_eager_rounds_total), or None when it can."""
+        bucket = bucket_for(bs, self.buckets)
+        if bucket is None:
+            return "batch_size"
+        if sampled and bucket > SAMPLED_MAX_BUCKET:
+            return "sampled_batch_size"
+        if history_len is not None and history_len > self.history_cap:
+            return "history_length"
+        return None
+
+    # ---- the two rollouts ----
+    def greedy(self, z: torch.Tensor, bonus: torch.Tensor, history: torch.Tensor | None = None,
+               lens: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """greedy_rollout's (chain [bs, L-1], base picks [bs, L-1]) and, with the copy path
+        (history [bs, T], lens [bs]), its copied positions [bs, L-1] bool; z [bs, L, H]."""
+        bs, length = z.shape[0], z.shape[1]
+        bucket = bucket_for(bs, self.buckets)
+        self._fill(bucket, z, bonus, history, lens)
+        out = self.runner(self.greedy_key(bs, length, history)).replay()
+        return out[0][:bs], out[1][:bs], out[2][:bs] if len(out) > 2 else None
+
+    def sampled(self, z: torch.Tensor, bonus: torch.Tensor, rows: SamplingRows,
+                u_draft: torch.Tensor, logit_bias: torch.Tensor | None = None,
+                history: torch.Tensor | None = None, lens: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """sampled_rollout's (drafts [bs, L-1], q [bs, L-1, V]); z [bs, L, H], u_draft
+        [bs, L-1], logit_bias [bs, V] or None. q is a view of the bucket's buffer, valid until
+        the next sampled rollout of that bucket."""
+        bs, length = z.shape[0], z.shape[1]
+        bucket = bucket_for(bs, self.buckets)
+        bufs = self._fill(bucket, z, bonus, history, lens)
+        for name in ("temperature", "top_k", "top_p", "min_p", "seed"):
+            bufs[name][:bs].copy_(getattr(rows, name))
+        bufs["u"][:bs, :length - 1].copy_(u_draft)
+        if logit_bias is not None:
+            self._buffer(bucket, "bias", (self.head.vocab_size,), torch.float32, 0)[:bs].copy_(
+                logit_bias)
+        self._buffer(bucket, "q", (self.block - 1, self.head.vocab_size), torch.float32, 0)
+        drafts, q = self.runner(self.sampled_key(bs, length, history, rows,
+                                                 logit_bias is not None)).replay()
+        return drafts[:bs], q[:bs]
+
+    # ---- which runner a round uses: the one decision, every device ----
+    def greedy_key(self, bs: int, length: int, history: torch.Tensor | None) -> tuple:
+        return ("greedy", bucket_for(bs, self.buckets), length, self._width(history))
+
+    def sampled_key(self, bs: int, length: int, history: torch.Tensor | None,
+                    rows: SamplingRows, bias: bool) -> tuple:
+        flags = (rows.need_sort, rows.need_min_p, rows.has_greedy)
+        variant = flags if flags == SAMPLED_VARIANTS[0] else SAMPLED_VARIANTS[1]
+        return ("sampled", bucket_for(bs, self.buckets), length, self._width(history), *variant,
+                bias)
+
+    def round_shape(self, bs: int, length: int, history: torch.Tensor | None,
+                    rows: SamplingRows | None, bias: bool) -> tuple[tuple, bool]:
+        """(the runner key, whether it replays a start-up runner) of a round of bs requests
+        verifying `length` (rows: sampled, None: greedy): the one decision every device takes
+        (drafter.static_rollout; tests/test_graphs.py replays a recorded trace through it)."""
+        key = (self.sampled_key(bs, length, history, rows, bias) if rows is not None
+               else self.greedy_key(bs, length, history))
+        return key, self.replayed(key)
+
+    def replayed(self, key: tuple) -> bool:
+        """Whether the round of `key` replays a runner built at start-up (a CUDA graph on
+        CUDA); False: it runs eagerly over the static buffers."""
+        return key in self.captured
+
+    def startup_keys(self) -> list[tuple]:
+        """The runners capture_startup builds (class docstring)."""
+        width = HISTORY_WIDTHS[0] if self.copy_gate is not None else 0
+        lengths = range(2, self.block + 1)
+        keys = [("greedy", b, n, width) for b in self.buckets for n in lengths]
+        keys += [("sampled", b, n, width, *variant, False) for b in self.buckets
+                 if b <= SAMPLED_MAX_BUCKET for n in lengths for variant in SAMPLED_VARIANTS]
+        return keys
+
+    def capture_startup(self) -> int:
+        """Build (capture, with `capture`) every start-up runner: the number built. Later keys
+        run eagerly."""
+        keys = self.startup_keys()
+        if self.capture and self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        self._starting = True
+        try:
+            for key in keys:
+                self.runner(key)
+        finally:
+            self._starting = False
+        self.captured.update(keys)
+        return len(keys)
+
+    def buffer_bytes(self) -> int:
+        """The bytes of every buffer the start-up runners use, computed from the shapes alone
+        (outside SGLang's memory reservation: checked against free memory before capture)."""
+        rows = sum(math.prod(shape) * dtype.itemsize
+                   for shape, dtype, _fill in self.input_rows.values())
+        total = 0
+        for b in self.buckets:
+            total += b * rows
+            if self.copy_gate is not None:
+                total += b * HISTORY_WIDTHS[0] * torch.int64.itemsize
+            if b <= SAMPLED_MAX_BUCKET:  # the sampled q buffer
+                total += b * (self.block - 1) * self.head.vocab_size * torch.float32.itemsize
+        return total
+
+    def _width(self, history: torch.Tensor | None) -> int:
+        return 0 if history is None else history_width(history.shape[1])
+
+    # ---- buffers and runners ----
+    def _buffer(self, bucket: int, name: str, shape: tuple[int, ...], dtype: torch.dtype,
+                fill: float) -> torch.Tensor:
+        bufs = self.buffers.setdefault(bucket, {})
+        if name not in bufs:
+            bufs[name] = torch.full((bucket, *shape), fill, dtype=dtype, device=self.device)
+        return bufs[name]
+
+    def _fill(self, bucket: int, z: torch.Tensor, bonus: torch.Tensor,
+              history: torch.Tensor | None, lens: torch.Tensor | None
+              ) -> dict[str, torch.Tensor]:
+        """Copy the round's rows into the bucket's buffers and reset its padding rows (bs..) to
+        their harmless values: rows left from an earlier, larger batch would otherwise keep
+        their history lengths, past a narrower history buffer of this round."""
+        bs, length = z.shape[0], z.shape[1]
+        self._inputs(bucket)
+        bufs = self.buffers[bucket]
+        for name, (_shape, _dtype, fill) in self.input_rows.items():
+            bufs[name][bs:].fill_(fill)
+        bufs["z"][:bs, :length].copy_(z)
+        bufs["bonus"][:bs].copy_(bonus)
+        if history is not None:
+            width = history_width(history.shape[1])
+            self._buffer(bucket, f"history{width}", (width,), torch.int64, 0)[
+                :bs, :history.shape[1]].copy_(history)
+            bufs["lens"][:bs].copy_(lens)
+        return bufs
+
+    def _input_rows(self) -> dict[str, tuple[tuple[int, ...], torch.dtype, float]]:
+        """A bucket's input buffers: name -> (row shape, dtype, a padding row's value: a
+        temperature of 1, no top-k / top-p / min-p filter, a one-token history)."""
+        inputs = {"z": ((self.block, self.hidden), self.dtype, 0),
+                  "bonus": ((), torch.int64, 0),
+                  "temperature": ((), torch.float32, 1.0),
+                  "top_p": ((), torch.float32, 1.0),
+                  "min_p": ((), torch.float32, 0.0),
+                  "top_k": ((), torch.int64, _TOP_K_OFF),
+                  "seed": ((), torch.int64, 0),
+                  "u": ((self.block - 1,), torch.float64, 0.5)}  # sampling.seeded_uniform's
+        if self.copy_gate is not None:
+            inputs["lens"] = ((), torch.int64, 1)
+        return inputs
+
+    def _inputs(self, bucket: int) -> None:
+        """A bucket's input buffers (`input_rows`), allocated on first use."""
+        for name, (shape, dtype, fill) in self.input_rows.items():
+            self._buffer(bucket, name, shape, dtype, fill)
+
+    def runner(self, key: tuple) -> StaticRunner:
+        """The runner of `key`, built on first use: captured only inside capture_startup."""
+        found = self.runners.get(key)
+        if found is None:
+            found = self.runners[key] = self._build(key)
+        return found
+
+    def _build(self, key: tuple) -> StaticRunner:
+        kind, bucket, length, width = key[:4]
+        self._inputs(bucket)
+        bufs = self.buffers[bucket]
+        n = length - 1
+        inputs = {"z": bufs["z"][:, :length], "bonus": bufs["bonus"]}
+        if self.copy_gate is not None:
+            history = self._buffer(bucket, f"history{width}", (width,), torch.int64, 0)
+            inputs.update(history=history, lens=bufs["lens"])
+        head, pool, use_head = self.head, self.candidate_pool, self.use_head
+        gate = self.copy_gate
+
+        def copy_path(history, lens):
+            return None if gate is None else DevicePointerCopy(gate, history, lens, n)
+
+        if kind == "greedy":
+            def fn(z, bonus, history=None, lens=None):
+                copy = copy_path(history, lens)
+                chain, picks = greedy_rollout(z, bonus, head, pool, use_head=use_head,
+                                              return_base_pick=True, copy=copy)
+                return (chain, picks) if copy is None else (chain, picks, copy.copied())
+        else:
+            need_sort, need_min_p, has_greedy, bias = key[4:]
+            self._buffer(bucket, "q", (self.block - 1, self.head.vocab_size), torch.float32, 0)
+            if bias:
+                self._buffer(bucket, "bias", (self.head.vocab_size,), torch.float32, 0)
+            inputs.update({name: bufs[name] for name in
+                           ("temperature", "top_k", "top_p", "min_p", "seed")})
+            inputs.update(u=bufs["u"][:, :n], q=bufs["q"][:, :n])
+            if bias:
+                inputs["logit_bias"] = bufs["bias"]
+            scale = self.temperature_scale
+
+            def fn(z, bonus, temperature, top_k, top_p, min_p, seed, u, q, logit_bias=None,
+                   history=None, lens=None):
+                rows = SamplingRows(temperature, top_k, top_p, min_p, seed, need_sort,
+                                    need_min_p, has_greedy)
+                return sampled_rollout(z, bonus, head, rows, u, pool, use_head=use_head,
+                                       logit_bias=logit_bias, temperature_scale=scale,
+                                       copy=copy_path(history, lens), out=q)
+        return StaticRunner(fn, inputs, capture=self.capture and self._starting, own=False,
+                            pool=self.pool)

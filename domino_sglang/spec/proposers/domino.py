@@ -1,0 +1,119 @@
+"""The Domino drafter as a proposer (protocol.Proposer): backbone pass, head rollout, pointer copy.
+
+One `propose` per round with a draft pass (plan.draft_pass):
+  1. a device copy index's history first (pointer.CopyPaths: its host-to-device copy is queued
+     before the draft pass, so the host does not wait for the pass to launch the rest);
+  2. the backbone: z = backbone([x_t, MASK x (W-1)] | context K/V), one forward for every
+     request's block (`draft_pass`: SGLang's draft model runner, integration/draft_pass.py;
+     W = B, or L for a drafter trained on short blocks: a cheaper pass);
+  3. the head rollout (rollout.py: head step, copy mixing, the pick, greedy or sampled), either
+     over the static buffers of graphs.RolloutGraphs (the GPU shape: a runner built at start-up
+     replayed, or run eagerly and counted) or directly.
+The drafter's own state lives here: the head (the target's embeddings and lm_head, shared),
+the copy indexes and the rollout graphs; the draft pass is handed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from domino_sglang.spec.graphs import RolloutGraphs
+from domino_sglang.spec.pointer import CopyPaths
+from domino_sglang.spec.proposers.protocol import DraftSlots, Proposal
+from domino_sglang.spec.rollout import HeadParams, greedy_rollout, sampled_rollout
+
+DraftPass = Callable[[object, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DominoReport:
+    """What the drafter reports of a round for the metrics (observer.py), nothing the verifier
+    reads.
+
+    base_pick  [bs, L-1] greedy rounds: the backbone's own argmax picks (the head's changes)
+    copied     [bs, L-1] bool greedy rounds: the positions the pointer copy drafted
+    pointer    whether the drafter's pointer copy path ran
+    """
+
+    base_pick: torch.Tensor | None = None
+    copied: torch.Tensor | None = None
+    pointer: bool = False
+
+
+class DominoProposer:
+    """The drafter of a DOMINO worker: `draft_pass(batch, chain [bs, W], positions [bs*W],
+    slots [bs*W]) -> z [bs, W, H]` (the backbone over every request's block), `head`
+    (rollout.HeadParams), `copy` (a pointer drafter's copy paths, None without a copy gate or
+    with the copy off); `options` the server's (options.py); `metrics` counts eager rounds."""
+
+    name = "domino"
+
+    def __init__(self, draft_pass: DraftPass, head: HeadParams, copy: CopyPaths | None,
+                 options, block_size: int, metrics):
+        self.draft_pass, self.head, self.copy = draft_pass, head, copy
+        self.block_size, self.metrics = block_size, metrics
+        self.candidate_pool = options.candidate_pool
+        self.use_head = options.head  # off: backbone only, the DFlash baseline
+        self.short_draft = options.short_draft  # the pass drafts L tokens, not B
+        self.temperature_scale = options.draft_temperature_scale  # sampled q at T * scale
+        # the head rollout's static runners (worker.init_cuda_graphs), or None
+        self.rollout_graphs: RolloutGraphs | None = None
+
+    def propose(self, batch, plan, at: DraftSlots, proposal: Proposal) -> Proposal:
+        """Fill chain[:, 1:L] of every row by one backbone pass and the head's rollout of L-1
+        tokens, greedily or (at.rows given) sampled from q; a pointer drafter mixes in its copy
+        path. Returns q (sampled) and its DominoReport (greedy: the backbone's argmax picks and
+        the copied positions)."""
+        if not plan.draft_pass:
+            return proposal
+        block, chain = plan.length, at.chain
+        width = block if self.short_draft else self.block_size  # W, the tokens drafted
+        bonus = chain[:, 0]
+        history = (self.copy.history(batch.reqs, bonus)
+                   if self.copy is not None and self.copy.on_device else None)  # 1
+        z = self.draft_pass(batch, chain[:, :width], at.positions[:, :width].reshape(-1),
+                             at.slots[:, :width].reshape(-1))  # 2: [bs, W, H]
+        z = z[:, :block]  # [bs, L, H]: the head at position i reads z_i only
+        if self.rollout_graphs is not None:  # 3
+            found = self.static_rollout(batch, z, chain, block, at, history)
+            if found is not None:
+                return found
+        copy = (self.copy.for_round(batch.reqs, bonus, block - 1, history)
+                if self.copy is not None else None)
+        if at.rows is not None:
+            chain[:, 1:block], q = sampled_rollout(
+                z, bonus, self.head, at.rows, at.u.draft, self.candidate_pool,
+                use_head=self.use_head, logit_bias=batch.sampling_info.logit_bias,
+                temperature_scale=self.temperature_scale, copy=copy)
+            return Proposal(q=q, reports={self.name: DominoReport(pointer=copy is not None)})
+        chain[:, 1:block], base_pick = greedy_rollout(
+            z, bonus, self.head, self.candidate_pool, use_head=self.use_head,
+            return_base_pick=True, copy=copy)
+        report = DominoReport(base_pick, None if copy is None else copy.copied(), copy is not None)
+        return Proposal(reports={self.name: report})
+
+    def static_rollout(self, batch, z, chain, block: int, at: DraftSlots, copy_history
+                       ) -> Proposal | None:
+        """The head rollout through graphs.RolloutGraphs (a runner built at start-up replayed,
+        or a later one run eagerly over the same static buffers: counted as `not_captured`),
+        or None when the round does not fit them (the reason counted in
+        domino_eager_rounds_total). `copy_history`: (history, lens) of a device copy index."""
+        bonus, pointer, rows = chain[:, 0], self.copy is not None, at.rows
+        graphs, bs, bias = self.rollout_graphs, len(batch.reqs), batch.sampling_info.logit_bias
+        history, lens = copy_history if copy_history is not None else (None, None)
+        reason = ("host_copy_index" if pointer and copy_history is None else graphs.eager_reason(
+            bs, rows is not None, None if history is None else history.shape[1]))
+        if reason is not None:
+            self.metrics.record_eager(reason)
+            return None
+        _key, replayed = graphs.round_shape(bs, block, history, rows, bias is not None)
+        if not replayed:
+            self.metrics.record_eager("not_captured")
+        if rows is not None:
+            chain[:, 1:block], q = graphs.sampled(z, bonus, rows, at.u.draft, bias, history, lens)
+            return Proposal(q=q, reports={self.name: DominoReport(pointer=pointer)})
+        chain[:, 1:block], base_pick, copied = graphs.greedy(z, bonus, history, lens)
+        return Proposal(reports={self.name: DominoReport(base_pick, copied, pointer)})

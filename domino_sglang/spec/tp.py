@@ -1,0 +1,125 @@
+"""What a DOMINO worker's tensor-parallel ranks compute, and what makes their rounds identical.
+
+At `--tp-size N` SGLang runs one scheduler and one worker per rank, each fed the same batches.
+Every rank runs every round, and every collective below is entered by every rank at the same
+point of the same round, with the same shapes:
+  - the target: SGLang's own, sharded; its all-reduces make the hidden states whole on every
+    rank (the draft context features are read after them) and its logits processor gathers
+    the vocabulary-parallel logits the verifier reads;
+  - the drafter's backbone: sharded as the target's layers are (model/shard.py `Shard`: q/k/v
+    and gate/up
+    split by output rows, o/down by input columns, one all-reduce after each), so each rank
+    writes num_kv_heads / N heads into the draft KV pool, which SGLang sizes that way; memory
+    per rank: the backbone's / N. The context projection, norms, GRU head, low-rank
+    correction and copy gate are small and replicated;
+  - the base logits: over the full vocabulary, each rank's rows of the target's
+    vocabulary-parallel lm_head; with the head over a candidate pool (the default) a rank
+    gathers only what the rollout reads (`pooled_logits`: position 0, each rank's top-K
+    candidates, each position's best), else the whole logits (`gathered_logits`); over a
+    draft vocabulary, its Vd rows gathered once at start-up (`vocab_rows`) and replicated
+    (Vd x H per rank), so a round gathers nothing;
+  - the embeddings the block and the head read: the target's vocabulary-parallel embedding
+    (one all-reduce per call).
+Why every rank takes the same decisions: each input to a decision is whole on every rank
+(all-reduced or gathered tensors, the requests' tokens and seeds, the scheduler's batch, torch's
+generator seeded alike on every rank and drawn in the same order, as SGLang's own sampling at
+TP > 1 assumes), except one: the round's wall time, from which the adaptive policy learns its
+costs (costs.py) and so chooses L. `RankAgreement.seconds` hands every rank rank 0's time
+(one host broadcast over the TP group's CPU group per timed round), so the policies of all
+ranks hold the same state and choose the same L; without it ranks would verify different
+lengths and deadlock in the target's collectives (tests/test_tp.py plants such a difference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+def vocab_range(lm_head: nn.Module) -> tuple[int, int]:
+    """[start, end): the token ids whose rows of a vocabulary-parallel lm_head (or embedding)
+    this rank holds, at local rows 0 .. end - start."""
+    idx = lm_head.shard_indices
+    return int(idx.org_vocab_start_index), int(idx.org_vocab_end_index)
+
+
+def vocab_rows(local: torch.Tensor, start: int, end: int, ids: torch.Tensor,
+               all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The rows [len(ids), H] of token ids `ids` of a vocabulary-parallel weight whose rows
+    [start, end) are `local` [>= end - start, H] on this rank: each rank fills its own, zeros
+    elsewhere, summed over the ranks (exact: x + 0 = x)."""
+    mine = (ids >= start) & (ids < end)
+    rows = local.new_zeros(len(ids), local.shape[1])
+    rows[mine] = local[ids[mine] - start]
+    return all_reduce(rows)
+
+
+def gathered_logits(local_linear: Callable[[torch.Tensor], torch.Tensor], vocab: int,
+                    all_gather: Callable[[torch.Tensor], torch.Tensor]
+                    ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x [.., H] -> logits [.., V]: this rank's logits over its (padded) vocabulary rows,
+    gathered along the last dimension in rank order (SGLang's padded layout) and cut to the V
+    real tokens, as SGLang's logits processor does for the target."""
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        return all_gather(local_linear(x))[..., :vocab]
+    return linear
+
+
+def pooled_logits(local_linear: Callable[[torch.Tensor], torch.Tensor], real_rows: int,
+                  vocab: int, pool: int, all_gather: Callable[[torch.Tensor], torch.Tensor]
+                  ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x [bs, n, H] -> base logits [bs, n, V] holding what a rollout over a candidate pool of
+    `pool` tokens reads (rollout.make_candidates), -inf elsewhere: position 0 whole (its draft
+    is the argmax, or q, over the full vocabulary), each rank's `pool` best columns (by their
+    max over positions 1..) at every position, and each rank's best column at each position.
+    The pool made from them is the whole logits' (a token among the global top-K by that max
+    is among its own rank's top-K), each position's argmax is the whole logits' (ties to the
+    lowest id, as one rank's), so drafts and q equal one rank's. One all-gather per round of
+    bs x (V/N + K (n + 1) + 2n) values a rank instead of bs x n x V/N. `real_rows`: this
+    rank's rows that are real tokens (SGLang pads the vocabulary; the last rank's padding is
+    never a candidate). A request's logit_bias is added after: its pool is chosen unbiased."""
+    if vocab >= 1 << 24:
+        raise ValueError(f"pooled_logits: token ids up to {vocab} do not fit float32 exactly")
+
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        bs, n, _ = x.shape
+        local = local_linear(x).float()  # [bs, n, W] this rank's padded rows
+        width = local.shape[-1]
+        local[..., real_rows:] = float("-inf")
+        if n < 2:  # position 0 alone (a one-token draft): it is read whole
+            return all_gather(local)[..., :vocab]
+        k = min(pool, width)
+        cols = torch.topk(local[:, 1:].amax(dim=1), k, dim=-1, sorted=False).indices  # [bs, k]
+        vals = local.gather(2, cols[:, None, :].expand(-1, n, -1))  # [bs, n, k]
+        best = local.max(dim=-1)  # [bs, n]: the first maximum
+        # one message: ids travel as float32 (exact below 2^24), columns local to each rank
+        parts = (local[:, 0], cols.float(), vals.flatten(1), best.values, best.indices.float())
+        sizes = [p.shape[1] for p in parts]
+        every = all_gather(torch.cat(parts, dim=1))  # [bs, N * sum(sizes)], rank order
+        ranks = every.shape[1] // sum(sizes)
+        row0, ids, pooled, best_val, best_col = every.view(bs, ranks, -1).split(sizes, dim=2)
+        offset = (torch.arange(ranks, device=x.device) * width)[None, :, None]  # [1, N, 1]
+        ids = (ids.long() + offset).reshape(bs, 1, ranks * k).expand(-1, n, -1)
+        pooled = pooled.reshape(bs, ranks, n, k).transpose(1, 2).reshape(bs, n, ranks * k)
+        best_col = (best_col.long() + offset).transpose(1, 2)  # [bs, n, N]
+        base = local.new_full((bs, n, ranks * width), float("-inf"))
+        base.scatter_(2, ids, pooled).scatter_(2, best_col, best_val.transpose(1, 2))
+        base[:, 0] = row0.reshape(bs, ranks * width)
+        return base[..., :vocab]
+    return linear
+
+
+class RankAgreement:
+    """Rank 0's value of what a rank measures itself, on every rank (module docstring).
+    `broadcast(obj) -> obj`: the TP group's object broadcast from rank 0 (identity at N = 1)."""
+
+    def __init__(self, broadcast: Callable[[object], object] | None = None):
+        self.broadcast = broadcast
+
+    def seconds(self, value: float) -> float:
+        """A round's wall time as rank 0 measured it."""
+        if self.broadcast is None:
+            return value
+        return float(self.broadcast(value))
