@@ -12,8 +12,9 @@ Imported at the top: the modules the worker needs, all already loaded by any SGL
 process). Lazy (inside functions): the model registry (its import scans every model file) and
 the algorithm's registration pieces (algorithm.py is also imported by the CLI, without a server).
 Lazy re-exports (`LAZY`, resolved on first use through the module's `__getattr__`): the names
-the drafter model class (integration/draft_model.py), the CPU runtime (cpu/attention.py, cpu/linear.py) and the
-access rules (http/access.py) take from SGLang modules nothing else here imports.
+the drafter model class (integration/draft_model.py), the CPU runtime (cpu/attention.py,
+cpu/linear.py) and the access rules (http/access.py) take from SGLang modules nothing else
+here imports.
 
 Every module that touches SGLang imports this one inside the function that needs it, never at
 its top: the CLI imports guards.py / server_flags.py / options.py without a server, and

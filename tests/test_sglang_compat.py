@@ -113,12 +113,14 @@ def test_modules_probed_by_name_are_the_ones_compat_imports():
 
 
 def test_cpu_kernels_mirror_sglangs_tree_mask_modes():
-    """cpu/kernels.py (imported at interpreter start-up, so without SGLang) hard-codes these."""
+    """cpu/tree_kernels.py (imported at interpreter start-up, so without SGLang) hard-codes
+    these."""
     from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
 
-    from domino_sglang.cpu import kernels
+    from domino_sglang.cpu import tree_kernels
 
-    assert (kernels._FULL_MASK, kernels._QLEN_ONLY, kernels._QLEN_ONLY_BITPACKING) == (
+    assert (tree_kernels._FULL_MASK, tree_kernels._QLEN_ONLY,
+            tree_kernels._QLEN_ONLY_BITPACKING) == (
         TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY, TreeMaskMode.QLEN_ONLY_BITPACKING)
 
 

@@ -225,7 +225,7 @@ def test_resume_equals_uninterrupted(tmp_path, draft_vocab, short_blocks, distil
                                                            always=always))
     else:
         assert exported is None
-    # a drafter trained on short blocks is served drafting short blocks (proposers/domino.py propose)
+    # a drafter trained on short blocks is served drafting short blocks (domino.py propose)
     from domino_sglang.model.config import load_draft_config
 
     assert load_draft_config(tmp_path / "b" / "run" / "drafter").short_draft == (short_blocks > 0)

@@ -2,8 +2,8 @@
 
 One random-weight checkpoint of the released Qwen3-8B Domino layout (tests/released_drafters.py:
 verbatim config, sizes scaled down, `model.`-prefixed weights) is loaded twice: by our loader
-(model/config.py / model/drafter.py) and by SGLang's `DFlashDraftModel` (tests/upstream_oracle.py, in a
-subprocess). Attention on both sides is the same `reference_attention`; everything else is each
+(model/config.py, model/drafter.py) and by SGLang's `DFlashDraftModel` (upstream_oracle.py,
+in a subprocess). Attention on both sides is the same `reference_attention`; everything else is each
 side's own code. These tests pin what upstream does: when SGLang changes its drafter, the first
 one that fails says where.
 

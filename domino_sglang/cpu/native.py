@@ -153,8 +153,8 @@ def rope_f32(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.
 
 
 def fuse_drafter(drafter: torch.nn.Module) -> bool:
-    """Run a bf16 drafter's RMS norms and rotary embeddings (model/drafter.py) on the native kernels,
-    in place: each bf16 RMSNorm becomes a native one (the same formula, one pass), each
+    """Run a bf16 drafter's RMS norms and rotary embeddings (model/drafter.py) on the native
+    kernels, in place: each bf16 RMSNorm becomes a native one (the same formula, one pass), each
     attention rotates with `rope_f32`. True if done (bf16 weights, kernels built here)."""
     from domino_sglang.model.drafter import DraftAttention, RMSNorm
 

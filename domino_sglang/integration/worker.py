@@ -194,36 +194,36 @@ class DominoWorker(BaseSpecWorker):
 
           1. draft:   z = backbone([x_t, MASK x (W-1)] | context K/V)        one pass, all blocks
                       (W = B; W = L for a drafter trained on short blocks: proposers/domino.py)
-                      a request whose last n >= 2 tokens recur in its own history drafts
-                      d_1.. = what followed them there instead (lookup.py); no pass if all do
+                      a request an offering proposer found drafts its offer instead (prompt
+                      lookup: what followed its recurring suffix; proposers/); no pass if all do
           2. refine:  d_1 = argmax base_0; d_{i+1} = argmax(base_i + head(z_i, GRU(x_t, d_1..d_i)))
                       (sampled batches: d_{i+1} ~ q_i, the same logits after the request's
                       sampling transform; the GRU consumes the sampled token)
           3. verify:  logits of p(. | prefix, x_t, d_1..d_{B-1}), one target pass, then the
                       request's penalties / logit bias / grammar mask
           4. accept:  greedy: a = longest k with d_1..d_k == y_0..y_{k-1}; commit y_0..y_a
-                      sampled: exact rejection sampling (verify.py; copied drafts with a
+                      sampled: exact rejection sampling (verify.py; offered drafts with a
                       one-hot q); either way a + 1 tokens
           5. commit:  seq_len += a + 1; the target features of the committed tokens enter the
                       draft KV cache, so the next block sees them as context (a plain round's
                       are held and written in one batch before the next draft pass)
         The round verifies only the first L <= B chain tokens; L = 1 is a plain decoding round
-        (no draft pass; the target's DECODE forward over [x_t]). L, the copied rows and whether
+        (no draft pass; the target's DECODE forward over [x_t]). L, the offered rows and whether
         the drafter runs are decided once, by the planner (planner.py: seeds, one-token rows,
-        the adaptive policy, prompt lookup), and handed on as a RoundPlan; the observer
+        the adaptive policy, the offering proposers), and handed on as a RoundPlan; the observer
         (observer.py) then feeds the metrics, the policy's estimates and its cost calibration.
         """
         started, clock = self.observer.start_round()
-        plan = self.planner.plan(batch)  # L, the copied rows, draft pass or not (planner.py)
-        bs, block, prefix_lens = len(batch.reqs), plan.length, batch.seq_lens  # x_t not counted
-        self.observer.record_fallbacks(bs, block, plan.capped_host)
-        self.context.before_round(tuple(r.rid for r in batch.reqs), speculative=block > 1)
+        plan = self.planner.plan(batch)  # L, the offered rows, draft pass or not (planner.py)
+        bs, length, prefix_lens = len(batch.reqs), plan.length, batch.seq_lens  # x_t uncounted
+        self.observer.record_fallbacks(bs, length, plan.capped_host)
+        self.context.before_round(tuple(r.rid for r in batch.reqs), speculative=length > 1)
         at = self.open_chain(batch, plan, prefix_lens)
         proposal = Proposal()
-        for proposer in self.proposers:  # 1-2: the drafter, then prompt lookup over its rows
+        for proposer in self.proposers:  # 1-2: the drafter, then the offers over its rows
             proposal = proposer.propose(batch, plan, at, proposal)
-        chain, positions = at.chain[:, :block].contiguous(), at.positions[:, :block].reshape(-1)
-        slots = at.slots[:, :block].reshape(-1)
+        chain, positions = at.chain[:, :length].contiguous(), at.positions[:, :length].reshape(-1)
+        slots = at.slots[:, :length].reshape(-1)
         clock.mark()  # drafted
         logits_output, hidden, logits = self.verify(batch, plan, chain, positions, slots,
                                                     grammar_barrier)  # 3
@@ -240,7 +240,7 @@ class DominoWorker(BaseSpecWorker):
             accept_lens=accept_lens.to(torch.int32),
             can_run_cuda_graph=False,
             next_draft_input=make_draft_input_v2(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
-            speculative_num_draft_tokens=block,
+            speculative_num_draft_tokens=length,
             new_seq_lens=new_seq_lens,
         )
 

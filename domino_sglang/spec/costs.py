@@ -12,8 +12,9 @@ instead of decode metadata, the context write); per_token: one more verified row
 (and, drafting short blocks, one more drafted one). Both shapes seen so far fit it: on a CPU
 per_token grows with bs (the target's forward turns compute-bound at bs * L rows;
 benchmarks/results/round_cost_*.md), on a GPU at small batch a verify of 16 tokens costs about
-one decode step (per_token ~0) and the draft pass is the main cost. Nothing about either is assumed: (draft, per_token) is learned
-per batch-size bucket by Bayesian least squares on the samples
+one decode step (per_token ~0) and the draft pass is the main cost. Nothing about either is
+assumed: (draft, per_token) is learned per batch-size bucket by Bayesian least squares on the
+samples
 
     y = t(bs, L) / t_plain(bs) - 1 = draft + per_token * (L - 1) + noise
 

@@ -52,8 +52,8 @@ class RoundObserver:
         """(bs, L, kind) of the last decode round (None after a prefill)."""
         if self._last_round is None:
             return None
-        bs, block, _, kind, _, _ = self._last_round
-        return bs, block, kind
+        bs, length, _, kind, _, _ = self._last_round
+        return bs, length, kind
 
     def skip_timing(self) -> None:
         """A prefill ran: the decode round before it is not timed."""
@@ -68,11 +68,11 @@ class RoundObserver:
                verdict: Verdict, started: float, clock) -> None:
         """Learn from a finished round: chain [bs, L] as verified, verdict's accept lengths
         [bs] (a + 1 per request, one-token rows capped at 1)."""
-        bs, block, offered = len(batch.reqs), plan.length, plan.offered
+        bs, length, offered = len(batch.reqs), plan.length, plan.offered
         report = None if proposal is None else proposal.reports.get("domino")  # the drafter's
         accept_lens, drafted = verdict.accept_lens, None if report is None else report.base_pick
         offers = {name: offer.found for name, offer in plan.offers.items()} or None
-        observe = self.policy.enabled and block > 1  # the policy learns from drafted rounds
+        observe = self.policy.enabled and length > 1  # the policy learns from drafted rounds
         readback = [verdict.judged.to(torch.int64)] if observe else []  # [bs]
         outcomes = copies = None
         if self.metrics.enabled:  # the head's changes and copies, on the rows it drafted
@@ -84,31 +84,31 @@ class RoundObserver:
                 if pointer_copied is not None:
                     copies = draft_outcomes(pointer_copied, chain[:, 1:], verdict.target_choice,
                                             accept_lens, d)
-            if block > 1 or offers is not None:
-                readback.append(self.metrics.round_stats(accept_lens, block, outcomes, copies,
+            if length > 1 or offers is not None:
+                readback.append(self.metrics.round_stats(accept_lens, length, outcomes, copies,
                                                          offers))
         host = torch.cat(readback).tolist() if readback else []  # the one sync
         if self.metrics.enabled:  # plain round: no stats (nothing drafted), none read
             stats = host[bs:] if observe else host
-            self.metrics.record_round(accept_lens, block, clock, outcomes, copies, offers,
-                                      stats=stats if block > 1 or offers is not None else None)
+            self.metrics.record_round(accept_lens, length, clock, outcomes, copies, offers,
+                                      stats=stats if length > 1 or offers is not None else None)
         if observe:  # capped rows gain nothing from L: they do not vote
             lens_host = host[:bs]
             voters = ([not c for c in plan.capped_host] if plan.capped_host is not None
                       else [True] * bs)
             for name, offer in plan.offers.items():  # each proposer's drafts have an alpha
                 found = offer.found_host
-                self.policy.observe_offer(name, [a for a, f in zip(lens_host, found) if f], block)
+                self.policy.observe_offer(name, [a for a, f in zip(lens_host, found) if f], length)
                 voters = [v and not f for v, f in zip(voters, found)]
             if plan.draft_pass:
-                self.policy.observe([a for a, v in zip(lens_host, voters) if v], block)
+                self.policy.observe([a for a, v in zip(lens_host, voters) if v], length)
         # the cost profile prices rounds with a draft pass (or plain ones): copy-only rounds are
         # logged (debug) but not timed
         self.metrics.record_kind(plan.kind)
         kind = plan.kind + ("+offers" if plan.asked else "")
         context = (int(batch.seq_lens_cpu.sum()) // bs if batch.seq_lens_cpu is not None
                    else -1)  # mean committed length (debug log), from the host copy only
-        self._last_round = (bs, block, started, kind, context, clock)
+        self._last_round = (bs, length, started, kind, context, clock)
         self.last_pointer = report is not None and report.pointer
 
     def time_last_round(self) -> float:
@@ -117,18 +117,18 @@ class RoundObserver:
         on any device this wall time is what the round cost, its output processing included."""
         now = time.perf_counter()
         if self._last_round is not None:
-            bs, block, started, kind, context, clock = self._last_round
+            bs, length, started, kind, context, clock = self._last_round
             if logger.isEnabledFor(logging.DEBUG):  # `-- --log-level debug`
                 calibration = self.policy.calibration
                 # draft: lookup + draft pass + head; verify: target forward + acceptance
                 # (CUDA events the device has not reached yet read as 0: never synchronised on)
                 spans = (clock.spans() if isinstance(clock, RoundClock) else None) or [0.0, 0.0]
                 logger.debug("DOMINO round %s bs %d L %d context %d %.2f ms (draft %.2f verify "
-                             "%.2f) k %.2f alpha %.2f", kind, bs, block, context,
+                             "%.2f) k %.2f alpha %.2f", kind, bs, length, context,
                              1e3 * (now - started), 1e3 * spans[0], 1e3 * spans[1],
                              calibration.scale(bs) if calibration else 1.0, self.policy.stats.alpha)
             if not kind.startswith("copy"):
-                self.policy.observe_time(bs, block, self.agree.seconds(now - started))
+                self.policy.observe_time(bs, length, self.agree.seconds(now - started))
                 self.report_cost_scale(bs, now)
         return now
 
@@ -149,7 +149,7 @@ class RoundObserver:
                         "%.3f (L - 1) plain rounds, %.2fx the prior's overhead at L = 2 (%d "
                         "rounds timed)", bs, draft, per_token, k, calibration.rounds)
 
-    def record_fallbacks(self, bs: int, block: int, capped: list[bool] | None) -> None:
+    def record_fallbacks(self, bs: int, length: int, capped: list[bool] | None) -> None:
         """Request-rounds decoded without speculation, by reason: `one_token_requests` (capped
         rows [bs] on the host, whatever L), `adaptive_policy` (the others, when the policy chose
         L = 1)."""
@@ -157,5 +157,5 @@ class RoundObserver:
             return
         n_capped = 0 if capped is None else sum(map(bool, capped))
         self.metrics.record_fallback("one_token_requests", n_capped)
-        if block == 1 and self.policy.enabled:
+        if length == 1 and self.policy.enabled:
             self.metrics.record_fallback("adaptive_policy", bs - n_capped)

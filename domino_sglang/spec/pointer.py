@@ -16,12 +16,12 @@ p_i the drafter's own distribution (backbone at i = 0, backbone + head after). q
 drafted and, sampled, what is verified (a proper distribution: exact as any other q). Trained in
 the same CE as p (curriculum.py), p no longer has to spend its mass where the copy is right.
 
-Serving (`CopyPaths`, asked by proposers/domino.py; rollout.py `pointer_pick` / `pointer_sample` mix the
-copy in): each running request keeps a copy index of its history, extended by the tokens
-committed since its last round; at position i the rollout asks it for (c_i, n_i) of history +
-the chain drafted so far (`PointerCopy.gate_at`), so serving sees exactly the candidates
-training did. Greedy drafts argmax q; sampled
-requests draw from q and verify against it. p(c) is 0 where the served p has no row for c
+Serving (`CopyPaths`, asked by proposers/domino.py; rollout.py `pointer_pick` /
+`pointer_sample` mix the copy in): each running request keeps a copy index of its history,
+extended by the tokens committed since its last round; at position i the rollout asks it for
+(c_i, n_i) of history + the chain drafted so far (`PointerCopy.gate_at`), so serving sees
+exactly the candidates training did. Greedy drafts argmax q; sampled requests draw from q and
+verify against it. p(c) is 0 where the served p has no row for c
 (outside the draft vocabulary or the head's candidate pool): the copy can draft any token.
 """
 

@@ -1,7 +1,7 @@
 """The target's greedy answers to evaluation prompts (MT-Bench, HumanEval, GSM8K) as training-style
 records, for measuring drafters offline on answers none of them trained on (the replay of
-benchmarks/compare_drafters.py and the offline studies). Depends on prompt_sets.py, regenerate.py and
-records.load_records; a plain server answers only what it lacks (the caller's)."""
+benchmarks/compare_drafters.py and the offline studies). Depends on prompt_sets.py,
+regenerate.py and records.load_records; a plain server answers only what it lacks (the caller's)."""
 
 from __future__ import annotations
 

@@ -69,33 +69,33 @@ class DominoProposer:
         the copied positions)."""
         if not plan.draft_pass:
             return proposal
-        block, chain = plan.length, at.chain
-        width = block if self.short_draft else self.block_size  # W, the tokens drafted
+        length, chain = plan.length, at.chain
+        width = length if self.short_draft else self.block_size  # W, the tokens drafted
         bonus = chain[:, 0]
         history = (self.copy.history(batch.reqs, bonus)
                    if self.copy is not None and self.copy.on_device else None)  # 1
         z = self.draft_pass(batch, chain[:, :width], at.positions[:, :width].reshape(-1),
                              at.slots[:, :width].reshape(-1))  # 2: [bs, W, H]
-        z = z[:, :block]  # [bs, L, H]: the head at position i reads z_i only
+        z = z[:, :length]  # [bs, L, H]: the head at position i reads z_i only
         if self.rollout_graphs is not None:  # 3
-            found = self.static_rollout(batch, z, chain, block, at, history)
+            found = self.static_rollout(batch, z, chain, length, at, history)
             if found is not None:
                 return found
-        copy = (self.copy.for_round(batch.reqs, bonus, block - 1, history)
+        copy = (self.copy.for_round(batch.reqs, bonus, length - 1, history)
                 if self.copy is not None else None)
         if at.rows is not None:
-            chain[:, 1:block], q = sampled_rollout(
+            chain[:, 1:length], q = sampled_rollout(
                 z, bonus, self.head, at.rows, at.u.draft, self.candidate_pool,
                 use_head=self.use_head, logit_bias=batch.sampling_info.logit_bias,
                 temperature_scale=self.temperature_scale, copy=copy)
             return Proposal(q=q, reports={self.name: DominoReport(pointer=copy is not None)})
-        chain[:, 1:block], base_pick = greedy_rollout(
+        chain[:, 1:length], base_pick = greedy_rollout(
             z, bonus, self.head, self.candidate_pool, use_head=self.use_head,
             return_base_pick=True, copy=copy)
         report = DominoReport(base_pick, None if copy is None else copy.copied(), copy is not None)
         return Proposal(reports={self.name: report})
 
-    def static_rollout(self, batch, z, chain, block: int, at: DraftSlots, copy_history
+    def static_rollout(self, batch, z, chain, length: int, at: DraftSlots, copy_history
                        ) -> Proposal | None:
         """The head rollout through graphs.RolloutGraphs (a runner built at start-up replayed,
         or a later one run eagerly over the same static buffers: counted as `not_captured`),
@@ -109,11 +109,11 @@ class DominoProposer:
         if reason is not None:
             self.metrics.record_eager(reason)
             return None
-        _key, replayed = graphs.round_shape(bs, block, history, rows, bias is not None)
+        _key, replayed = graphs.round_shape(bs, length, history, rows, bias is not None)
         if not replayed:
             self.metrics.record_eager("not_captured")
         if rows is not None:
-            chain[:, 1:block], q = graphs.sampled(z, bonus, rows, at.u.draft, bias, history, lens)
+            chain[:, 1:length], q = graphs.sampled(z, bonus, rows, at.u.draft, bias, history, lens)
             return Proposal(q=q, reports={self.name: DominoReport(pointer=pointer)})
-        chain[:, 1:block], base_pick, copied = graphs.greedy(z, bonus, history, lens)
+        chain[:, 1:length], base_pick, copied = graphs.greedy(z, bonus, history, lens)
         return Proposal(reports={self.name: DominoReport(base_pick, copied, pointer)})
