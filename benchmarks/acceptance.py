@@ -61,8 +61,8 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 from methods import CHOICES, METHODS, canonical  # noqa: E402
+from speedups import vs_ar  # noqa: E402
 
-from domino_sglang.bench.stats import vs_ar  # noqa: E402
 from domino_sglang.cli.local_server import sse_chunks, start_server  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 from domino_sglang.train import prompt_sets  # noqa: E402

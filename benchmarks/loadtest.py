@@ -26,8 +26,7 @@ import requests
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import provenance  # noqa: E402
-
-from domino_sglang.bench.loadgen import domino_deltas, load_prompt_file, parse_domino_counters  # noqa: E402
+from loadgen import domino_deltas, load_prompt_file, parse_domino_counters  # noqa: E402
 
 LOCUSTFILE = HERE / "locustfile.py"
 DEFAULT_OUT = HERE / "results" / "loadtest"

@@ -38,12 +38,14 @@ import gevent
 from locust import HttpUser, between, events, task
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from domino_sglang.bench.loadgen import (  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/
+from loadgen import (  # noqa: E402
     latency_summary,
     load_prompt_file,
     stream_latencies,
 )
+
 from domino_sglang.cli.local_server import sse_chunks  # noqa: E402
 from domino_sglang.train import prompt_sets  # noqa: E402
 

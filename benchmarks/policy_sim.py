@@ -40,9 +40,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
+from simulated import serve  # noqa: E402
 
 import domino_sglang.spec.policy  # noqa: E402
-from domino_sglang.bench.sim import serve  # noqa: E402
 from domino_sglang.spec.policy import COSTS, CostModel, SpeculationPolicy, cost_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

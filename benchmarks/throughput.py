@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 from methods import CHOICES, METHODS, Method, canonical  # noqa: E402
 from serving import RESULTS, mixed_prompts, one_request, run_point  # noqa: E402
+from speedups import paired_cell, paired_speedup  # noqa: E402
 
-from domino_sglang.bench.stats import paired_cell, paired_speedup  # noqa: E402
 from domino_sglang.cli.local_server import start_server  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 

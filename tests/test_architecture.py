@@ -25,7 +25,6 @@ ALLOWED: dict[str, set[str]] = {
     "integration": {"paths", "sglang_compat", "spec", "model", "http", "cpu"},
     "train": {"paths", "model", "spec"},  # never the worker, never SGLang
     "cli": {"paths", "sglang_compat", "spec", "model", "http", "cpu", "integration", "train"},
-    "bench": {"spec"},
     "__init__": {"integration"},  # register() only
 }
 

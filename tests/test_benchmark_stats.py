@@ -1,11 +1,11 @@
-"""The benchmarks' paired speed-up estimates (domino_sglang/bench/stats.py, used by
+"""The benchmarks' paired speed-up estimates (benchmarks/speedups.py, used by
 benchmarks/throughput.py and acceptance.py)."""
 
 import math
 
 import pytest
 
-from domino_sglang.bench.stats import paired_cell, paired_speedup, vs_ar
+from benchmarks.speedups import paired_cell, paired_speedup, vs_ar
 
 
 def _runs(method: str, tok_s: list[float], repeats: list[int], c: int = 8) -> list[dict]:

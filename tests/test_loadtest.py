@@ -1,5 +1,5 @@
 """The load test's accounting without a server: TTFT / TPOT / per-chunk ITL of a streamed
-answer, the prompts file, and tau from /metrics deltas (domino_sglang/bench/loadgen.py, used by
+answer, the prompts file, and tau from /metrics deltas (benchmarks/loadgen.py, used by
 benchmarks/loadtest.py and locustfile.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from domino_sglang.bench.loadgen import (
+from benchmarks.loadgen import (
     domino_deltas,
     latency_summary,
     load_prompt_file,

@@ -174,7 +174,7 @@ def test_plain_rounds_age_the_estimate():
     # bounds (alpha's lower bound, the aging floor AGE_FLOOR: policy.py, "The floor")
     import random
 
-    from domino_sglang.bench.sim import serve  # the simulated drafter of benchmarks/policy_sim.py
+    from benchmarks.simulated import serve  # the simulated drafter of benchmarks/policy_sim.py
 
     cost = COSTS["cpu-bf16"].scaled(0.85)
     assert choose_draft_len(2, 0.25, B, cost=cost) == 1 < choose_draft_len(2, 0.5, B, cost=cost)
