@@ -25,7 +25,7 @@ verify rounds a per-position choice between the drafter's token and a copy would
 
     python benchmarks/studies/copy_gate.py --fit-min-id 3000000 --fit-count 200
     python benchmarks/studies/copy_gate.py --drafter RUN/drafter --fit-count 0   # a pointer drafter
-    python benchmarks/studies/copy_gate.py --drafter RUN/drafter --out copy_gate_stage30_fit
+    python benchmarks/studies/copy_gate.py --drafter RUN/drafter --out copy_gate_shipped_drafter_fit
         # + p's confidence: does a gate that sees it decide better than the trained one? (-0.6%)
 """
 
