@@ -1,9 +1,9 @@
-"""The `domino-sglang` command: prepare-target | serve (more subcommands join as they land).
+"""The `domino-sglang` command: one module a subcommand, wired to argparse here.
 
-This package wires argparse to one module a subcommand (prepare_target, init_drafter, regenerate,
-data_snapshot, draft_vocab, train, serve); `main` is the console script. Importing it imports no
-SGLang and no torch: each subcommand imports what it needs when it runs. local_server (the
-repository's server harness, not in the wheel) is imported by subcommands, never by this module.
+Subcommands: prepare_target, init_drafter, regenerate, data_snapshot, draft_vocab, train, serve;
+`main` is the console script. Importing this package imports no SGLang and no torch: each
+subcommand imports what it needs when it runs. local_server.py (local servers started and
+stopped by PID: `regenerate`, the tests, the benchmarks) is imported by subcommands only.
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ SUBCOMMANDS = (prepare_target, init_drafter, regenerate, data_snapshot, draft_vo
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="domino-sglang", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="domino-sglang",
+        description="DOMINO speculative decoding on SGLang: serve a model, prepare the demo "
+                    "target, build training data, train a drafter.")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in SUBCOMMANDS:
         module.add_parser(sub)

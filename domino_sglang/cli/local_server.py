@@ -1,5 +1,5 @@
-"""Start and stop local SGLang servers (through `domino-sglang serve`) for tests and benchmarks,
-and read their streamed responses.
+"""Start and stop local SGLang servers (through `domino-sglang serve`) for `regenerate`, the
+tests and the benchmarks, and read their streamed responses.
 
 Each server runs on a free loopback port in its own process group, with a pinned number of torch
 threads, and is stopped by PID (the whole group). Servers still running when this process exits

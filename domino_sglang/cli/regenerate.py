@@ -1,7 +1,6 @@
 """`domino-sglang regenerate`: answer prompts with the target, the drafter's training data.
 
-Without `--url` it starts a plain server of the target through local_server (the repository's
-server harness, not in the wheel).
+Without `--url` it starts a plain server of the target through local_server.py.
 """
 
 from __future__ import annotations
@@ -78,12 +77,7 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     if args.url:
         n = regenerate(args.url.rstrip("/"), items, args.out, conf)
     else:
-        try:  # the test / training server harness: in the repository, not in the wheel
-            from domino_sglang.cli.local_server import start_server
-        except ImportError:
-            fail("regenerate: starting a server needs the repository checkout "
-                  "(domino_sglang/cli/local_server.py is not in the wheel); pass --url of a "
-                  "running server instead")
+        from domino_sglang.cli.local_server import start_server
         serve = ["--no-speculation", "--model-path", str(target)]
         sglang = ["--max-running-requests", str(conf.concurrency)]
         with start_server("regenerate", serve, sglang, threads=args.threads) as server:
