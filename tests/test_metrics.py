@@ -127,6 +127,27 @@ def test_fallback_reasons_per_request_round(capped, block, policy, expected):
     assert got == expected
 
 
+def test_offering_proposers_are_counted_by_name():
+    """domino_lookup_* carry a `proposer` label: declared at 0 (lookup off on a server still
+    exports them), then each offering proposer's rows and kept drafts apart, read back with
+    the round's other counts."""
+    reg = CollectorRegistry()
+    m = DominoMetrics({"model_name": "m"}, max_draft_len=5, registry=reg)
+    rows = "domino_lookup_rounds_total"
+    assert reg.get_sample_value(rows, {"model_name": "m", "proposer": "lookup"}) is None
+    m.declare_offering("lookup")
+    assert value(reg, rows, proposer="lookup") == 0.0
+    assert reg.get_sample_value(rows, {"model_name": "m", "proposer": "lookup"}) == 0.0
+    accept = torch.tensor([3, 1, 4])
+    offered = {"lookup": torch.tensor([True, False, False]),
+               "toy": torch.tensor([False, True, True])}
+    m.record_round(accept, 5, RoundClock(cuda=False), offered=offered)
+    assert value(reg, rows, proposer="lookup") == 1 and value(reg, rows, proposer="toy") == 2
+    kept = "domino_lookup_tokens_accepted_total"
+    assert value(reg, kept, proposer="lookup") == 2 and value(reg, kept, proposer="toy") == 3
+    assert value(reg, "domino_draft_tokens_accepted_total") == 2 + 0 + 3
+
+
 def test_round_kinds_are_counted():
     reg = CollectorRegistry()
     m = DominoMetrics({"model_name": "m"}, max_draft_len=16, registry=reg)

@@ -53,7 +53,7 @@ from domino_sglang.spec.observer import RoundObserver
 from domino_sglang.spec.planner import RoundPlanner
 from domino_sglang.spec.pointer import CopyPaths, copy_index_on_device
 from domino_sglang.spec.policy import SpeculationPolicy, cost_model
-from domino_sglang.spec.proposers import ProposerContext, offering_proposers
+from domino_sglang.spec.proposers import OFFERING, ProposerContext, offering_proposers
 from domino_sglang.spec.proposers.domino import DominoProposer
 from domino_sglang.spec.proposers.protocol import Proposer
 from domino_sglang.spec.rollout import HeadParams
@@ -126,8 +126,8 @@ def build_round(server_args, gpu_id: int, nccl_port: int, target_worker) -> Roun
     domino = DominoProposer(draft_pass, head, copy, opts, block_size, metrics)
     offering = offering_proposers(ProposerContext(block_size, conf.mask_token_id, device,
                                                   head.vocab_size, opts))
-    for proposer in offering:
-        metrics.declare_offering(proposer.name)
+    for name in OFFERING:  # each registered one's series, at 0 where it is off
+        metrics.declare_offering(name)
     planner = RoundPlanner(policy, block_size, device, offering,
                            bans_only=supports_sampling_mask)
     # (every rank's policy learns from rank 0's round times: tp.py)
