@@ -63,7 +63,7 @@ import provenance  # noqa: E402
 from methods import CHOICES, METHODS, canonical  # noqa: E402
 from speedups import vs_ar  # noqa: E402
 
-from domino_sglang.cli.local_server import sse_chunks, start_server  # noqa: E402
+from domino_sglang.cli.local_server import sse_chunks, start_server, stop_servers_on_sigterm  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 from domino_sglang.train import prompt_sets  # noqa: E402
 
@@ -196,6 +196,7 @@ def load_log(path: Path, settings: dict) -> tuple[list[dict], list[dict]]:
 
 
 def main() -> None:
+    stop_servers_on_sigterm()  # a SIGTERM stops the servers this run started
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=CHOICES,
                     help="names in benchmarks/methods.py (old names accepted)")

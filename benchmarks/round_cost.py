@@ -26,11 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 from serving import RESULTS, mixed_prompts, one_request, run_point  # noqa: E402
 
-from domino_sglang.cli.local_server import start_server  # noqa: E402
+from domino_sglang.cli.local_server import start_server, stop_servers_on_sigterm  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 
 
 def main() -> None:
+    stop_servers_on_sigterm()  # a SIGTERM stops the servers this run started
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lens", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16, 32])

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 from serving import RESULTS, mixed_prompts, run_point  # noqa: E402
 
-from domino_sglang.cli.local_server import start_server  # noqa: E402
+from domino_sglang.cli.local_server import start_server, stop_servers_on_sigterm  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 
 SITE = Path(__file__).resolve().parent / "profile_site"
@@ -110,6 +110,7 @@ def summarise(rounds: list[dict], bs: int) -> dict[str, dict]:
 
 
 def main() -> None:
+    stop_servers_on_sigterm()  # a SIGTERM stops the servers this run started
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--max-tokens", type=int, default=64)

@@ -41,7 +41,7 @@ from methods import CHOICES, METHODS, Method, canonical  # noqa: E402
 from serving import RESULTS, mixed_prompts, one_request, run_point  # noqa: E402
 from speedups import paired_cell, paired_speedup  # noqa: E402
 
-from domino_sglang.cli.local_server import start_server  # noqa: E402
+from domino_sglang.cli.local_server import start_server, stop_servers_on_sigterm  # noqa: E402
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 
 
@@ -69,6 +69,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main() -> None:
+    stop_servers_on_sigterm()  # a SIGTERM stops the servers this run started
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", nargs="+", default=["ar", "domino-fixed", "domino-adaptive"],
                     choices=CHOICES, help="names in benchmarks/methods.py")
