@@ -87,7 +87,8 @@ def test_cpu_extra_is_the_pinned_cpu_requirements():
 
 
 def _third_party_imports(folder: Path) -> set[str]:
-    local = {"tests", "domino_sglang"} | {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
+    local = {"tests", "domino_sglang", "benchmarks"} | {
+        p.stem for p in (ROOT / "benchmarks").glob("*.py")}
     mods = set()
     for f in folder.rglob("*.py"):
         for node in ast.walk(ast.parse(f.read_text())):
