@@ -10,10 +10,15 @@ PACKAGE = Path(__file__).resolve().parent.parent / "domino_sglang"
 LAB_NOTES = re.compile(r"20[0-9]{2}-[0-9]{2}-[0-9]{2}|issue [0-9]+|stage [0-9]+")
 
 
-def lab_notes(root: Path) -> list[str]:
+def lines_matching(root: Path, pattern: re.Pattern) -> list[str]:
+    """Every line of root's Python that `pattern` finds something in, as path:line: text."""
     return [f"{path.relative_to(root.parent)}:{n}: {line.strip()}"
             for path in sorted(root.rglob("*.py"))
-            for n, line in enumerate(path.read_text().splitlines(), 1) if LAB_NOTES.search(line)]
+            for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+
+
+def lab_notes(root: Path) -> list[str]:
+    return lines_matching(root, LAB_NOTES)
 
 
 def test_no_dates_issue_or_stage_numbers_in_the_package(tmp_path):
@@ -32,9 +37,7 @@ MEASUREMENT = re.compile(r"\d ?(?:ms|us|µs)\b|tok/s|\d+(?:\.\d+)?x (?:faster|sl
 
 
 def measurements(root: Path) -> list[str]:
-    return [f"{path.relative_to(root.parent)}:{n}: {line.strip()}"
-            for path in sorted(root.rglob("*.py"))
-            for n, line in enumerate(path.read_text().splitlines(), 1) if MEASUREMENT.search(line)]
+    return lines_matching(root, MEASUREMENT)
 
 
 def test_no_measured_figures_in_the_package(tmp_path):

@@ -120,4 +120,4 @@ def test_a_row_found_by_an_earlier_proposer_is_not_offered_again(monkeypatch, or
         assert found == {"lookup": [True, False], "repeat": [False, True]}
     else:  # the toy offers every row: lookup is left none
         assert found == {"repeat": [True, True]}
-    assert plan.kind == "copy" and plan.offered_host() == [True, True]
+    assert plan.kind == "copy" and plan.offered.tolist() == [True, True]

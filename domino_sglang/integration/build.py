@@ -112,9 +112,12 @@ def build_round(server_args, gpu_id: int, nccl_port: int, target_worker) -> Roun
     target = model_runner.model
     embed = target.model.embed_tokens  # the target's, shared
     shard = tp_shard()  # None at TP size 1
+    # On the CPU the head's small sequential GEMVs run faster in fp32 than in bf16
+    # (benchmarks/studies/head_cost.py); a few MB of weights.
+    head_dtype = torch.float32 if torch.device(device).type == "cpu" else None
     head, base_layout = build_head(drafter, embed, target.lm_head, target_cfg.vocab_size, conf,
-                                   opts, shard, device)
-    copy = build_copy(drafter, opts, device)
+                                   opts, shard, device, head_dtype)
+    copy = build_copy(drafter, opts, device, head_dtype)
     metrics = scheduler_metrics(block_size, device)
     profile, cost = cost_model(torch.device(device).type, str(model_runner.dtype),
                                override=opts.cost, short_draft=opts.short_draft)
@@ -150,13 +153,12 @@ def build_round(server_args, gpu_id: int, nccl_port: int, target_worker) -> Roun
 
 
 def build_head(drafter, embed, lm_head_module, vocab_size: int, conf: DraftConfig, opts,
-               shard: Shard | None, device) -> tuple[HeadParams, str]:
-    """The rollout's head (rollout.HeadParams) over the target's embedding and lm_head: its
-    draft vocabulary, this rank's base logits at TP > 1 and, on the CPU, the runtime's kernels.
-    Returns it and what a TP round gathers of the base logits (for the start-up log)."""
-    # On the CPU the head's small sequential GEMVs run faster in fp32 than in bf16
-    # (benchmarks/studies/head_cost.py); a few MB of weights.
-    head_dtype = torch.float32 if torch.device(device).type == "cpu" else None
+               shard: Shard | None, device, head_dtype: torch.dtype | None
+               ) -> tuple[HeadParams, str]:
+    """The rollout's head (rollout.HeadParams) over the target's embedding and lm_head, its
+    GRU and correction in `head_dtype` (None: the drafter's): its draft vocabulary, this rank's
+    base logits at TP > 1 and, on the CPU, the runtime's kernels. Returns it and what a TP
+    round gathers of the base logits (for the start-up log)."""
     # tensor parallel (tp.py): this rank's rows of the lm_head, ids [start, end); else all of
     # them but SGLang's padding (rows to a multiple of 64): the real vocabulary only
     if shard is None:
@@ -199,15 +201,14 @@ def build_head(drafter, embed, lm_head_module, vocab_size: int, conf: DraftConfi
     return head, base_layout
 
 
-def build_copy(drafter, opts, device) -> CopyPaths | None:
+def build_copy(drafter, opts, device, head_dtype: torch.dtype | None) -> CopyPaths | None:
     """A pointer-generator drafter's copy paths (pointer.py): its copy gate, in the head's
     dtype, and each running request's copy index, on the device (copy_index_on_device: CUDA by
     default) or the host; None without a gate or with the copy off (drafts from p alone)."""
     gate = drafter.copy_gate if opts.copy else None
     if gate is None:
         return None
-    if torch.device(device).type == "cpu":  # the head's dtype there (build_head)
-        gate = gate.to(torch.float32)
+    gate = gate.to(head_dtype) if head_dtype is not None else gate
     return CopyPaths(gate, device,
                      on_device=copy_index_on_device(device, opts.copy_index)
                      or bool(opts.gpu_shape))

@@ -230,6 +230,7 @@ class DominoMetrics:
         self._wrong = self.head_changed.labels(**lv, outcome="wrong")
         self._copy_right = self.copied.labels(**lv, outcome="right")
         self._copy_wrong = self.copied.labels(**lv, outcome="wrong")
+        self._offered: dict[str, tuple] = {}  # offering proposer -> its children
         for reason in FALLBACK_REASONS:
             self.fallbacks.labels(**lv, reason=reason)
         self._kinds = {k: self.round_kinds.labels(**lv, kind=k) for k in ROUND_KINDS}
@@ -330,13 +331,23 @@ class DominoMetrics:
     def declare_offering(self, proposer: str) -> None:
         """Export offering proposer `proposer`'s series (at 0 until it drafts)."""
         if self.enabled:
-            self.record_offered(proposer, 0, 0)
+            self._offered_series(proposer)
+
+    def _offered_series(self, proposer: str) -> tuple:
+        """(rows, accepted) children of `proposer`, made once (a round only increments)."""
+        series = self._offered.get(proposer)
+        if series is None:
+            series = self._offered[proposer] = (
+                self.lookup_rounds.labels(**self.labels, proposer=proposer),
+                self.lookup_accepted.labels(**self.labels, proposer=proposer))
+        return series
 
     def record_offered(self, proposer: str, rows: int, accepted: int) -> None:
         """`rows` request-rounds drafted by offering proposer `proposer`, `accepted` of their
         draft tokens kept."""
-        self.lookup_rounds.labels(**self.labels, proposer=proposer).inc(rows)
-        self.lookup_accepted.labels(**self.labels, proposer=proposer).inc(accepted)
+        rows_series, accepted_series = self._offered_series(proposer)
+        rows_series.inc(rows)
+        accepted_series.inc(accepted)
 
     def record_cost_scale(self, k: float, draft: float | None = None,
                           per_token: float | None = None) -> None:

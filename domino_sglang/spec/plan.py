@@ -63,8 +63,3 @@ class RoundPlan:
         if not found:
             return None
         return found[0] if len(found) == 1 else torch.stack(found).any(dim=0)
-
-    def offered_host(self) -> list[bool] | None:
-        """offered, on the host (None: none)."""
-        found = [offer.found_host for offer in self.offers.values()]
-        return None if not found else [any(f) for f in zip(*found)]
