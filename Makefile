@@ -53,7 +53,7 @@ tools: venv
 	@command -v helm >/dev/null 2>&1 || $(BIN)/python deploy/tools/install_helm.py $(BIN) </dev/null \
 	  || echo "warning: could not install helm (the Helm chart tests will skip)"
 	@$(BIN)/python -c "import hatchling" 2>/dev/null || $(BIN)/pip install -q --disable-pip-version-check \
-	  hatchling==1.33.0 </dev/null || echo "warning: could not install hatchling (tests/test_wheel.py will skip)"
+	  hatchling==1.33.0 </dev/null || echo "warning: could not install hatchling (tests/project/test_wheel.py will skip)"
 
 test: target tools
 	$(BIN)/ruff check .

@@ -4,7 +4,7 @@ against eager, and per-round draft time eager vs graph.
 Runs on a bare CUDA machine: torch (>= 2.5 for SDPA's enable_gqa; the target machine has 2.11)
 and the standard library only. SGLang, FlashInfer and the network are never touched: the
 domino_sglang modules it imports (config, model, rollout, sampling, verify, pointer, graphs) do
-not import SGLang (tests/test_gpu_check.py runs it with `import sglang` made to fail).
+not import SGLang (tests/project/test_gpu_check.py runs it with `import sglang` made to fail).
 
 Pieces, with random weights at the chosen dimensions (default: Qwen3-8B's hidden 4096, 32 / 8
 heads of 128, MLP 12288, vocabulary 151936; a 5-layer drafter, GRU 1024, head rank 256 are

@@ -1,7 +1,7 @@
 """Every private SGLang internal the plugin touches, in one place.
 
-Written against sglang==0.5.23 (`SGLANG_VERSION`); tests/test_sglang_compat.py pins that version
-and checks that every name, dataclass field, keyword argument and hook target listed in
+Written against sglang==0.5.23 (`SGLANG_VERSION`); tests/integration/test_sglang_compat.py pins that
+version and checks that every name, dataclass field, keyword argument and hook target listed in
 `TOUCHPOINTS` still exists, so an SGLang upgrade fails there, naming what moved, rather than in
 a running server. Nothing here is DOMINO logic: names re-exported as SGLang spells them, the
 ScheduleBatch round-state save / restore the worker needs to borrow SGLang's own forward

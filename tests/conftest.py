@@ -1,5 +1,5 @@
 """Shared fixtures: the prepared target and the plain-decoding servers many tests compare with
-(started on first use, kept while the process's server cap allows: tests/servers.py)."""
+(started on first use, kept while the process's server cap allows: tests/harness/servers.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from domino_sglang.cli.local_server import stop_servers_on_sigterm
-from tests.servers import SharedServer
+from tests.harness.servers import SharedServer
 
 torch.set_num_threads(1)
 stop_servers_on_sigterm()  # a CI time-out (SIGTERM) stops the servers the tests started

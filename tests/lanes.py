@@ -5,9 +5,9 @@ A server test keeps one core busy (its server's, OMP_NUM_THREADS=1), so the serv
 over both lanes: lane 1 runs the in-process tests, then the server tests of LANE_1_SERVER_TESTS
 (the reliability suite and a few self-contained modules); lane 2 runs every other server test.
 Memory bounds it: a test server takes ~4.5 GB and the machine 24 GB, so each lane's pytest keeps
-at most DOMINO_TEST_SERVERS=2 servers up at once (tests/servers.py stops the least recently used
-shared server to make room). Two lanes that each kept every shared server up went over 24 GB and
-had test servers OOM-killed (2026-12-03). A SIGTERM or Ctrl-C is passed on to the running pytest
+at most DOMINO_TEST_SERVERS=2 servers up at once (tests/harness/servers.py stops the least recently
+used shared server to make room). Two lanes that each kept every shared server up went over 24 GB
+and had test servers OOM-killed (2026-12-03). A SIGTERM or Ctrl-C is passed on to the running pytest
 of every lane, which stops the servers it started (domino_sglang.cli.local_server).
 
     python tests/lanes.py [PYTEST_ARGS...]   exit 0 when every run passed (or selected nothing)
@@ -28,9 +28,9 @@ NOTHING_SELECTED = 5
 SERVERS_PER_LANE = "2"
 TESTS = Path(__file__).resolve().parent
 # ~20 of the server lane's ~65 minutes (CI, 2026-12-03): what lane 1 runs after the in-process tests
-LANE_1_SERVER_TESTS = ["reliability", "test_router.py", "test_sync_budget.py",
-                       "test_observability_server.py", "test_local_server.py",
-                       "test_train_new_target.py"]
+LANE_1_SERVER_TESTS = ["reliability", "server/test_router.py", "server/test_sync_budget.py",
+                       "server/test_observability_server.py", "server/test_local_server.py",
+                       "server/test_train_new_target.py"]
 
 
 def lanes(extra: list[str]) -> dict[str, list[list[str]]]:

@@ -2,8 +2,8 @@
 vs records grouped by length into batched forwards (TargetFeatures.many) at several batch
 budgets, on the same records, in one run. Reports records/s, target tokens/s and the ratio.
 
-Target: a tiny random Qwen3-shaped model built here (tests/new_target_fixtures.py; no hub), or a
-checkpoint folder (--target). Records: random token sequences of lengths drawn uniformly in
+Target: a tiny random Qwen3-shaped model built here (tests/harness/new_target_fixtures.py; no hub),
+or a checkpoint folder (--target). Records: random token sequences of lengths drawn uniformly in
 [--min-len, --max-len]. Features in float32 on the CPU (bf16 on CUDA), no cache.
 
     OMP_NUM_THREADS=1 python benchmarks/studies/train_throughput.py --out train_throughput
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         target = args.target
         if target is None:
-            from tests.new_target_fixtures import make_qwen3_target
+            from tests.harness.new_target_fixtures import make_qwen3_target
 
             target = make_qwen3_target(Path(tmp) / "target", layers=args.layers,
                                        hidden=args.hidden)

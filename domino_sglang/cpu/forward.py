@@ -16,7 +16,7 @@ tensors, with the same operations:
     shared RotaryEmbedding would compute (`_shared_rope`); else each layer's own;
   - the same auxiliary hidden states are captured (the stream entering a captured layer,
     which a DFlash / DOMINO drafter reads).
-So its outputs are SGLang's bit for bit (tests/test_cpu_forward.py: served tokens and
+So its outputs are SGLang's bit for bit (tests/cpu/test_cpu_forward.py: served tokens and
 log-probabilities, float32).
 
 In bf16, where the native kernels run (native.py), the residual adds with their RMS norms, the
@@ -24,7 +24,7 @@ rotary embedding and the MLP's SiLU-and-mul run there instead of as SGLang's cha
 torch ops: the same formulas per row, one pass each; the rotary's bits are SGLang's, a norm's
 or an activation's can differ in an output's last bit (the order of a norm's sum of squares,
 the exponential's last fp32 bit), and every row's numbers are its own
-whatever else shares the forward, as with SGLang's (tests/test_cpu_native.py). The projections
+whatever else shares the forward, as with SGLang's (tests/cpu/test_cpu_native.py). The projections
 of a bf16 model then run on the native linear kernel through cpu/linear.py's packs.
 
 It takes a forward only where that holds, decided once per model (`_lean_stack`): exactly

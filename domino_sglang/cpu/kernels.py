@@ -4,7 +4,7 @@ With `SGLANG_USE_CPU_ENGINE=1`, SGLang imports these names from `sgl_kernel` (a 
 sgl-kernel that is not on PyPI) at module import time; `domino_sglang.cpu.bootstrap` serves them
 from this module when no real `sgl_kernel` is installed. Every op keeps the exact call signature
 of its SGLang call site and the in-place semantics of the Triton kernel it replaces (results are
-bit-identical; `tests/test_cpu_kernels.py` checks that against SGLang's kernels run under the
+bit-identical; `tests/cpu/test_cpu_kernels.py` checks that against SGLang's kernels run under the
 Triton interpreter):
 
 - `copy_all_layer_kv_cache_cpu`           <- kernels/ops/kvcache/cache_move.py

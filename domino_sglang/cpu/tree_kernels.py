@@ -1,6 +1,6 @@
 """The tree speculation ops of the `sgl_kernel` CPU stand-in (kernels.py): EAGLE's tree build and
 greedy tree verification, NGRAM's tree-mask metadata, in pure torch, bit-identical to SGLang's
-Triton kernels (`tests/test_cpu_kernels.py`), with kernels.py's conventions."""
+Triton kernels (`tests/cpu/test_cpu_kernels.py`), with kernels.py's conventions."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ side of a round is target.py. Composed from SGLang pieces rather than subclassin
 Private SGLang internals used here (pinned to sglang==0.5.23): the four above, `ForwardBatch`,
 `ForwardMode`, `CaptureHiddenMode`, `GenerationBatchResult`, `ModelRegistry.models`,
 `BaseSpecWorker`, `runtime_context.get_spec`; all reached through sglang_compat.py, which lists
-them and is checked against the installed SGLang by tests/test_sglang_compat.py.
+them and is checked against the installed SGLang by tests/integration/test_sglang_compat.py.
 """
 
 from __future__ import annotations

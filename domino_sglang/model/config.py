@@ -19,7 +19,7 @@ Target-layer capture: `target_layer_ids[k] = i` means the OUTPUT of target decod
 
 Resolution rules follow SGLang 0.5.23's own DFLASH/Domino loader (`srt/speculative/dflash_utils.py
 parse_dflash_draft_config`, `srt/models/dflash.py DFlashDraftModel.load_weights`,
-`dflash_worker_v2.py _resolve_mask_token_id`), pinned by tests/test_upstream_equivalence.py:
+`dflash_worker_v2.py _resolve_mask_token_id`), pinned by tests/model/test_upstream_equivalence.py:
   - `auto_map` / `trust_remote_code` (top level or inside dflash_config) are metadata: accepted,
     never executed (nothing here imports code from a checkpoint);
   - block_size, target_layer_ids, mask_token_id, mask_token, projector_type, shift_label,

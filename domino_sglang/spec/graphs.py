@@ -18,9 +18,9 @@ captured by SGLang's own draft graph runner (worker.init_cuda_graphs), not here.
 benchmarks/gpu_check.py runs this module on a bare CUDA machine.
 
 Verified: on the CPU the static-buffer path, padding included, equals the dynamic rollout token
-for token and q for q (tests/test_graphs.py: greedy / sampled / pointer) and the served output
-equals plain decoding with it on (tests/test_domino_server.py). UNVERIFIED (no GPU so far): the
-CUDA capture itself (`capture=True`), written to torch's documented recipe (warm-up on a side
+for token and q for q (tests/spec/test_graphs.py: greedy / sampled / pointer) and the served output
+equals plain decoding with it on (tests/server/test_domino_server.py). UNVERIFIED (no GPU so far):
+the CUDA capture itself (`capture=True`), written to torch's documented recipe (warm-up on a side
 stream, `torch.cuda.graph` with one shared memory pool, replay) and exercised only by
 benchmarks/gpu_check.py.
 """
@@ -227,7 +227,7 @@ class RolloutGraphs:
                     rows: SamplingRows | None, bias: bool) -> tuple[tuple, bool]:
         """(the runner key, whether it replays a start-up runner) of a round of bs requests
         verifying `length` (rows: sampled, None: greedy): the one decision every device takes
-        (drafter.static_rollout; tests/test_graphs.py replays a recorded trace through it)."""
+        (drafter.static_rollout; tests/spec/test_graphs.py replays a recorded trace through it)."""
         key = (self.sampled_key(bs, length, history, rows, bias) if rows is not None
                else self.greedy_key(bs, length, history))
         return key, self.replayed(key)

@@ -3,7 +3,7 @@
 After each round (worker.py `decode_round`) `RoundObserver.record` does, in order:
   - the round's one device-to-host read-back: the verifier's accept lengths (what the policy
     learns from) and the metrics' counts, in one vector; none in a plain round without policy
-    statistics (tests/test_sync_budget.py holds the budget per round kind);
+    statistics (tests/server/test_sync_budget.py holds the budget per round kind);
   - the Prometheus counters (metrics.py): accepted tokens, the drafter's head changes and
     pointer copies, each offering proposer's rows, round kinds;
   - the policy's acceptance estimates (policy.py): the drafter's alpha from the rows it drafted,

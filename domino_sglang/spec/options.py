@@ -14,7 +14,7 @@ drafter. Each field is resolved, in this order, from
 How the values reach the scheduler process (where DominoWorker runs): the `from_cli_args` hook
 (server_flags.py) keeps the parsed flags as `_domino_flags` on the ServerArgs record, a
 bookkeeping attribute SGLang's `ServerArgs.__reduce__` carries to every child process
-(tests/test_options.py pickles one to check). The launcher also keeps them in this module
+(tests/spec/test_options.py pickles one to check). The launcher also keeps them in this module
 (`remember_flags`), since its resolution step reads the record through a view. The launcher
 resolves and logs the config once (algorithm.resolve_server_args: bad values stop the server
 before it forks); the worker resolves the same sources again in its own process.
@@ -165,7 +165,7 @@ FLAGS: tuple[Flag, ...] = (
          "graphs run.", debug=True),
     Flag("sync_log", _text, "PATH",
          "count host synchronisations of every decode round, one JSON line per round to PATH "
-         "(tests/test_sync_budget.py). Default: not counted.", debug=True),
+         "(tests/server/test_sync_budget.py). Default: not counted.", debug=True),
 )
 BY_FIELD = {f.field: f for f in FLAGS}
 

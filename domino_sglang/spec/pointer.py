@@ -220,7 +220,7 @@ class DevicePointerCopy(PointerCopy):
     """PointerCopy with the copy index on the device: each request's history (x_t last) in a
     left-aligned [bs, T + n] buffer whose chain part is written in place as drafts are chosen,
     candidates by `device_candidates`. No host synchronisation and no per-request Python state
-    per position; the same (c, n) as CopyIndex (tests/test_pointer.py)."""
+    per position; the same (c, n) as CopyIndex (tests/spec/test_pointer.py)."""
 
     on_host = False
 

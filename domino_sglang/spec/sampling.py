@@ -10,7 +10,7 @@ Terms and shapes (bs requests, block size B, vocabulary V, n = B-1 proposal posi
                 in descending order is <= p), min-p (keep prob >= min_p * max prob), then
                 renormalised. Same rule and order as `sglang.srt.layers.sampler.
                 top_k_top_p_min_p_sampling_from_probs_torch` (the CPU sampler); checked
-                against it in tests/test_sampling.py. Greedy rows (top_k <= 1) are one-hot at
+                against it in tests/spec/test_sampling.py. Greedy rows (top_k <= 1) are one-hot at
                 torch.argmax, exactly the greedy path.
     q           [bs, n, V] processed draft distributions: q_0 = processed(base_0),
                 q_i = processed(base_i + head correction | GRU over x_t, d_1..d_i)

@@ -1,5 +1,5 @@
 """Counting host-device synchronisations and transfers in a block of torch code (the decode
-round's host-sync budget; tests/test_sync_budget.py).
+round's host-sync budget; tests/server/test_sync_budget.py).
 
 A CPU has no device to wait for, so the counter counts the operations that WOULD synchronise or
 copy between host and device on a GPU, by what they are, whatever the device:

@@ -27,7 +27,7 @@ TP > 1 assumes), except one: the round's wall time, from which the adaptive poli
 costs (costs.py) and so chooses L. `RankAgreement.seconds` hands every rank rank 0's time
 (one host broadcast over the TP group's CPU group per timed round), so the policies of all
 ranks hold the same state and choose the same L; without it ranks would verify different
-lengths and deadlock in the target's collectives (tests/test_tp.py plants such a difference).
+lengths and deadlock in the target's collectives (tests/spec/test_tp.py plants such a difference).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Held-out evaluation of a drafter under training: teacher-forced accuracy, rollout, replay.
 
 `replay_rounds` replays a record's answer round by round as the worker's greedy loop serves it,
-so `replay_tau` is the tau a server would measure (tests/test_shipped_drafter.py checks it).
+so `replay_tau` is the tau a server would measure (tests/model/test_shipped_drafter.py checks it).
 Depends on module.py, features.py, records.py and spec.rollout / spec.pointer.
 """
 
@@ -47,7 +47,7 @@ def replay_tau(module: DrafterTrainModule, feats: TargetFeatures, records: list[
     """The tau a server measures (fixed block, no prompt lookup) when it generates these
     records' responses: committed tokens / verify rounds of `replay_rounds` over each record,
     which equal the served rounds exactly when the responses are the target's greedy output
-    (regenerated data; tests/test_shipped_drafter.py checks it against a served run). The
+    (regenerated data; tests/model/test_shipped_drafter.py checks it against a served run). The
     estimate a run logs while training (held-out records, head on and off); on data used as
     written (off-policy) it is the tau of replaying those answers instead."""
     rounds = [replay_rounds(module, feats, rec, use_head=use_head) for rec in records]

@@ -208,7 +208,7 @@ class TargetFeatures:
         ones computed in batches: records sorted by length, right-padded into forwards of at
         most `max_tokens` padded tokens (default: BATCH_TOKENS of the device). Causal attention
         keeps a record's positions blind to the padding after it, so each equals its own
-        forward up to the GEMMs' rounding (tests/test_train_features.py). With `topk` the soft
+        forward up to the GEMMs' rounding (tests/train/test_train_features.py). With `topk` the soft
         targets are cached too (soft())."""
         if max_tokens is None:
             max_tokens = BATCH_TOKENS.get(self.device.type, BATCH_TOKENS_DEFAULT)

@@ -3,8 +3,8 @@
 Configured as an operator would run it, and small enough to be under pressure:
   - float32 target, so its greedy output must equal the no-speculation server's token for token
     (`ar_server_fp32`, tests/conftest.py);
-  - the constructed repeat drafter (tests/drafters.py) at block size 4: on ordinary prompts its
-    drafts are garbage (rejected almost always, like the random drafter of
+  - the constructed repeat drafter (tests/harness/drafters.py) at block size 4: on ordinary prompts
+    its drafts are garbage (rejected almost always, like the random drafter of
     test_domino_server.py), on prompts whose answer repeats a word whole blocks are accepted, so
     one server exercises both rejected and accepted rounds;
   - a KV pool of POOL tokens, far below what 48 running requests need, so loads queue and retract;
@@ -34,10 +34,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.drafters import make_repeat_drafter
+from tests.harness.drafters import make_repeat_drafter
+from tests.harness.servers import SharedServer
 from tests.reliability.client import ADMIN_KEY, API_KEY, POOL
 from tests.reliability.workload import all_jobs, comparable, run
-from tests.servers import SharedServer
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.harness.servers import start_server
 from tests.reliability.client import API_KEY, AUTH, POOL, assert_idle
 from tests.reliability.workload import (
     BLOCK,
@@ -25,7 +26,6 @@ from tests.reliability.workload import (
     run,
     tail_job,
 )
-from tests.servers import start_server
 
 pytestmark = pytest.mark.server
 

@@ -2,7 +2,7 @@
 admin route, no CORS, foreign Host names and cross-origin requests refused, the realtime
 websocket behind the key, no secret in the log or the printed command. (Drafters load only from
 safetensors, a pickle beside them is refused, and a config's `auto_map` is metadata never
-executed: tests/test_drafter_loading.py::test_bad_weights,
+executed: tests/model/test_drafter_loading.py::test_bad_weights,
 test_pickles_beside_safetensors_are_refused, test_auto_map_anywhere_is_metadata.)
 """
 

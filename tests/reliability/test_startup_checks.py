@@ -3,9 +3,9 @@ clip that keeps the last request of a full pool alive, and malformed drafters th
 `domino-sglang serve` end to end (one line on stderr, exit 2, before SGLang starts).
 
 Covered elsewhere, not repeated: every malformed config field and weight file at the loader
-(tests/test_drafter_loading.py), and a drafter that proposes garbage never changes the output
-(tests/test_domino_server.py::test_lossless_greedy with a random drafter; the shared server of
-this suite proposes garbage on every non-repetitive prompt).
+(tests/model/test_drafter_loading.py), and a drafter that proposes garbage never changes the output
+(tests/server/test_domino_server.py::test_lossless_greedy with a random drafter; the shared server
+of this suite proposes garbage on every non-repetitive prompt).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from domino_sglang.integration.algorithm import (
     max_output_tokens,
     resolve_server_args,
 )
-from tests.drafters import make_random_drafter
+from tests.harness.drafters import make_random_drafter
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,53 @@
+"""Served sampling compared in distribution: SAMPLES answers of TOKENS tokens drawn from two
+servers, a two-sample chi-square test of homogeneity on the first token and on token pairs
+(tests/server/test_served_sampling.py, tests/server/test_tp_server.py)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+from scipy.stats import chi2_contingency
+
+SAMPLES = 400
+TOKENS = 4
+TEMPERATURE = 0.8
+# 2 servers compared x 2 modes x 2 statistics at a family-wise 1%, Bonferroni
+ALPHA = 0.01 / 8
+MIN_CELL = 10  # outcomes seen fewer times (both servers together) are pooled into one cell
+
+
+def draw(url: str, ids: list[int], seeded: bool) -> list[tuple[int, ...]]:
+    """SAMPLES answers of TOKENS tokens each (seeds 0..SAMPLES-1 when seeded)."""
+    def one(i: int) -> tuple[int, ...]:
+        params = {"temperature": TEMPERATURE, "max_new_tokens": TOKENS, "ignore_eos": True}
+        if seeded:
+            params["sampling_seed"] = i
+        r = requests.post(f"{url}/generate", json={"input_ids": ids, "sampling_params": params},
+                          timeout=600)
+        r.raise_for_status()
+        return tuple(r.json()["output_ids"])
+
+    with ThreadPoolExecutor(16) as pool:
+        return list(pool.map(one, range(SAMPLES)))
+
+
+def homogeneity(a: list, b: list) -> tuple[float, int]:
+    """Two-sample chi-square test of homogeneity over the outcomes of a and b: (p-value, cells).
+    Outcomes seen fewer than MIN_CELL times in both samples together are pooled into one cell."""
+    ca, cb = Counter(a), Counter(b)
+    common = [k for k in ca.keys() | cb.keys() if ca[k] + cb[k] >= MIN_CELL]
+    rest_a = len(a) - sum(ca[k] for k in common)
+    rest_b = len(b) - sum(cb[k] for k in common)
+    table = [[ca[k] for k in common], [cb[k] for k in common]]
+    if rest_a + rest_b:
+        table[0].append(rest_a)
+        table[1].append(rest_b)
+    return float(chi2_contingency(table)[1]), len(table[0])
+
+
+def statistics(a: list[tuple[int, ...]], b: list[tuple[int, ...]]) -> dict[str, tuple]:
+    return {"first token": homogeneity([s[0] for s in a], [s[0] for s in b]),
+            "tokens 1-2": homogeneity([s[:2] for s in a], [s[:2] for s in b]),
+            "tokens 2-3": homogeneity([s[1:3] for s in a], [s[1:3] for s in b])}
