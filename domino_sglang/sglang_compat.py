@@ -78,6 +78,7 @@ __all__ = [
     "register_draft_architecture", "register_hooks", "register_resolution_steps",
     "register_spec_algorithm",
     "sanitize_nan_logits", "supports_sampling_mask", "tp_all_gather", "tp_broadcast",
+    "tp_cpu_group", "tp_verdict_sync", "capture_stream",
     "rmsnorm_uses_amx", "tp_shard", "verify_graph_runtime",
 ]  # plus the lazy re-exports of LAZY (not listed: `import *` would import them all)
 
@@ -157,6 +158,8 @@ LAZY: dict[str, str] = {
 #   "struct fields": {"module.Class": fields of a msgspec Struct}.
 TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
     "dataclass fields": {
+        # capture_stream
+        "sglang.srt.distributed.parallel_state.GraphCaptureContext": ("stream",),
         "sglang.srt.managers.schedule_batch.ScheduleBatch": ROUND_FIELDS + (
             "reqs", "req_pool_indices", "sampling_info", "is_extend_in_batch", "prefix_lens",
             "extend_lens", "return_logprob", "has_grammar", "spec_algorithm"),
@@ -258,6 +261,12 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.srt.layers.aux_hidden_states.AuxHiddenStateList": ("capture",),
         # tp_shard, tp_broadcast, tp.vocab_range: the TP group and the lm_head's shard
         "sglang.srt.distributed.parallel_state.GroupCoordinator": ("broadcast_object",),
+        # capture_stream: the context SGLang's graph runners capture in
+        "sglang.srt.distributed.parallel_state": ("graph_capture",),
+        # tp_verdict_sync: SGLang's own switch (SGLANG_SPEC_TP_SYNC) for broadcasting verdicts
+        "sglang.srt.speculative.spec_tp_sync.SpecTpSync": ("enabled", "sync"),
+        "sglang.srt.speculative.spec_tp_sync.SpecTpSyncSite": (
+            "DFLASH_ACCEPT_GREEDY", "DFLASH_ACCEPT_SAMPLE"),
         # http/access.py
         "sglang.srt.utils.auth.AuthLevel": ("ADMIN_OPTIONAL", "ADMIN_FORCE"),
         # cli/serve.py: `sglang serve` where the `sglang` console script is missing (a command-line
@@ -265,9 +274,9 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.cli.main": ("main",),
     },
     "init assigns": {
-        # tp_shard, tp_broadcast: the TP group's rank and size
+        # tp_shard, tp_broadcast, tp_cpu_group: the TP group's rank, size and CPU group
         "sglang.srt.distributed.parallel_state.GroupCoordinator": (
-            "rank_in_group", "world_size"),
+            "rank_in_group", "world_size", "cpu_group"),
         # tp.vocab_range: the rows of the vocabulary-parallel lm_head this rank holds
         "sglang.srt.layers.vocab_parallel_embedding.VocabParallelEmbedding": ("shard_indices",),
         # verify_graph_runtime: restored around the attention backend's construction
@@ -394,6 +403,48 @@ def tp_broadcast():
     device synchronisation), or None at TP size 1."""
     group = get_tp_group()
     return None if group.world_size == 1 else group.broadcast_object
+
+
+@contextlib.contextmanager
+def capture_stream(capture: bool):
+    """With `capture`: inside SGLang's graph_capture() context (its TP group's capturable
+    communicators on, its capture stream current), yielding that stream, as SGLang's own graph
+    runners capture; else nothing entered, None. UNVERIFIED on a GPU (no GPU so far)."""
+    if not capture:
+        yield None
+        return
+    from sglang.srt.distributed.parallel_state import graph_capture
+
+    with graph_capture() as context:
+        yield context.stream
+
+
+def tp_cpu_group():
+    """The TP group's CPU (gloo) process group, for host-side agreements between ranks
+    (spec/tp.py group_minimum, as SGLang's get_available_gpu_memory(distributed=True) uses
+    it), or None at TP size 1."""
+    group = get_tp_group()
+    return None if group.world_size == 1 else group.cpu_group
+
+
+def tp_verdict_sync():
+    """`sync(values, sampled) -> values`: rank 0's verdict on every rank, broadcast over the TP
+    group where SGLang's own switch for its DFLASH worker asks it (SGLANG_SPEC_TP_SYNC, by
+    default every site: its `dflash-accept-greedy` / `dflash-accept-sample` sites govern
+    DOMINO's greedy / sampled verdicts), or None at TP size 1."""
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSync, SpecTpSyncSite
+
+    group = get_tp_group()
+    if group.world_size == 1:
+        return None
+    sync = SpecTpSync(group)
+    sites = {False: SpecTpSyncSite.DFLASH_ACCEPT_GREEDY, True: SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE}
+    if not any(sync.enabled(site) for site in sites.values()):
+        return None
+
+    def verdict(values, sampled: bool):
+        return sync.sync(sites[sampled], values)
+    return verdict
 
 
 def graph_batch_sizes(model_runner, captured: tuple[int, ...], buckets: tuple[int, ...]

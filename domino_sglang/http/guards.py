@@ -24,7 +24,8 @@ behaves as stock SGLang. `--domino-request-guards off` turns off the request che
   its pydantic `mode="before"` validators); a `json_schema` whose `$ref` chain refers back to
   itself (its grammar accepts no token); `top_logprobs` (chat) or `logprobs` (completions)
   outside OpenAI's [0, 20]; `n` (and `/generate`'s `sampling_params.n`) above OpenAI's 128 (2**31
-  made the API process allocate until it died). Every other body passes through byte for byte.
+  made the API process allocate until it died); on `/generate`, a `sampling_params` list whose
+  length is not the batch's (SGLang answers 500). Every other body passes through byte for byte.
 - `top_logprobs_num` above the vocabulary and out-of-vocabulary `token_ids_logprob` on the
   native `/generate` route kill the scheduler too; refused with the prompt ids above.
 
@@ -205,6 +206,10 @@ def body_problem(path: str, body: bytes) -> str | None:
             if isinstance(one, dict) and "n" in one and (
                     one["n"] is None or _too_many_samples(one["n"])):  # null: a 500 there
                 return f"sampling_params.n must be between 1 and {MAX_PARALLEL_SAMPLES}"
+        batch = _batch_size(payload)
+        if isinstance(params, list) and batch is not None and len(params) != batch:
+            return (f"sampling_params is a list of {len(params)} but the batch has {batch} "
+                    "prompts: give one per prompt, or one object for all")
     if not path.startswith("/v1/"):
         return None
     if not isinstance(payload, dict):
@@ -227,6 +232,17 @@ def body_problem(path: str, body: bytes) -> str | None:
             0 <= top <= OPENAI_MAX_TOP_LOGPROBS):
         name = "logprobs" if path.startswith("/v1/completions") else "top_logprobs"
         return f"{name} must be between 0 and {OPENAI_MAX_TOP_LOGPROBS}, got {top}"
+    return None
+
+
+def _batch_size(payload: dict) -> int | None:
+    """The number of prompts of a batched `/generate` body (`text` a list, or `input_ids` a
+    list of lists), None for a single prompt."""
+    text, ids = payload.get("text"), payload.get("input_ids")
+    if isinstance(text, list):
+        return len(text)
+    if isinstance(ids, list) and ids and all(isinstance(i, list) for i in ids):
+        return len(ids)
     return None
 
 

@@ -45,7 +45,9 @@ from domino_sglang.sglang_compat import (
     supports_sampling_mask,
     tp_all_gather,
     tp_broadcast,
+    tp_cpu_group,
     tp_shard,
+    tp_verdict_sync,
 )
 from domino_sglang.spec import options, primitives
 from domino_sglang.spec.metrics import DominoMetrics
@@ -60,6 +62,7 @@ from domino_sglang.spec.rollout import HeadParams
 from domino_sglang.spec.tp import (
     RankAgreement,
     gathered_logits,
+    group_minimum,
     pooled_logits,
     vocab_range,
     vocab_rows,
@@ -86,6 +89,7 @@ class RoundParts:
     proposers: tuple[Proposer, ...]  # in the order a round asks them
     planner: RoundPlanner
     observer: RoundObserver
+    agree: RankAgreement  # one decision on every TP rank (spec/tp.py)
 
 
 def build_round(server_args, gpu_id: int, nccl_port: int, target_worker) -> RoundParts:
@@ -133,8 +137,12 @@ def build_round(server_args, gpu_id: int, nccl_port: int, target_worker) -> Roun
         metrics.declare_offering(name)
     planner = RoundPlanner(policy, block_size, device, offering,
                            bans_only=supports_sampling_mask)
-    # (every rank's policy learns from rank 0's round times: tp.py)
-    observer = RoundObserver(metrics, policy, RankAgreement(tp_broadcast()))
+    # every rank decides as one (tp.py): the policy learns from rank 0's round times, the
+    # captures from the group's least free memory, the verdict is rank 0's
+    cpu_group = tp_cpu_group()
+    agree = RankAgreement(tp_broadcast(), None if cpu_group is None else group_minimum(cpu_group),
+                          tp_verdict_sync())
+    observer = RoundObserver(metrics, policy, agree)
     logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s, "
                 "copy %s, draft pass %s, offering proposers %s, policy %s (cost profile %s: %s), "
                 "%s",
@@ -149,7 +157,7 @@ def build_round(server_args, gpu_id: int, nccl_port: int, target_worker) -> Roun
                 f"{conf.num_heads // shard.size} heads each, base logits {base_layout})")
     return RoundParts(block_size, conf, opts, bundle.draft_worker, bundle.draft_model_runner,
                       bundle.draft_model, shard, metrics, policy, draft_pass, domino,
-                      (domino, *offering), planner, observer)
+                      (domino, *offering), planner, observer, agree)
 
 
 def build_head(drafter, embed, lm_head_module, vocab_size: int, conf: DraftConfig, opts,

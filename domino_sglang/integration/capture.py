@@ -20,12 +20,14 @@ import logging
 
 from domino_sglang.integration.build import RoundParts
 from domino_sglang.sglang_compat import (
+    capture_stream,
     decode_graph_batch_sizes,
     free_device_memory,
     graph_batch_sizes,
     verify_graph_runtime,
 )
 from domino_sglang.spec.graphs import BUCKETS, RolloutGraphs, verify_widths
+from domino_sglang.spec.tp import RankAgreement
 
 logger = logging.getLogger("domino_sglang.integration.worker")  # the start-up lines: the worker's
 # Free device memory a per-width graph capture needs to start (SGLang's DFLASH asks the same
@@ -54,9 +56,9 @@ def capture_graphs(parts: RoundParts, model_runner, device, verify_runtimes: dic
         temperature_scale=opts.draft_temperature_scale,
         copy_gate=copy.gate if copy is not None and copy.on_device else None,
         history_cap=model_runner.model_config.context_len,
-        capture=bool(captured), buckets=buckets)
+        capture=bool(captured), buckets=buckets, lengths=widths)
     need = graphs.buffer_bytes()
-    free = free_device_memory(device)
+    free = parts.agree.least(free_device_memory(device))  # the TP group's least
     logger.info("DOMINO: CUDA-graph shapes: batch buckets %s, verify widths %s; %.1f MB of "
                 "static rollout buffers outside SGLang's reservation (%s free)",
                 list(buckets), list(widths), need / 2**20,
@@ -66,40 +68,51 @@ def capture_graphs(parts: RoundParts, model_runner, device, verify_runtimes: dic
             f"DOMINO: the head rollout's static buffers need {need / 2**20:.0f} MB but "
             f"{free / 2**20:.0f} MB of device memory is free: lower --mem-fraction-static "
             f"(or --max-running-requests, or --disable-cuda-graph)")
-    built = graphs.capture_startup()
+    with capture_stream(bool(captured)) as stream:  # SGLang's graph-capture context
+        built = graphs.capture_startup(stream)
     logger.info("DOMINO: %d head-rollout runners built at start-up (%s)", built,
                 "CUDA graphs" if captured else "run eagerly: no CUDA graphs here")
     if not captured:
         return True
     for width in widths:
         if width < block:
-            capture_runtime(verify_runtimes, model_runner, width, "verify", device)
+            capture_runtime(verify_runtimes, model_runner, width, "verify", device,
+                            parts.agree)
             if opts.short_draft and width > 1:
                 capture_runtime(parts.draft_pass.runtimes, parts.draft_model_runner, width,
-                                "draft pass", device)
+                                "draft pass", device, parts.agree)
     logger.info("DOMINO: target verify CUDA graphs captured at widths %s, draft pass at %s",
                 sorted(verify_runtimes) + [block], sorted(parts.draft_pass.runtimes) + [block])
     return True
 
 
-def capture_runtime(runtimes: dict, model_runner, width: int, what: str, device) -> None:
+def capture_runtime(runtimes: dict, model_runner, width: int, what: str, device,
+                    agree: RankAgreement) -> None:
     """Capture `model_runner`'s graphs at `width` into runtimes[width], logging the device
     memory they took (outside SGLang's reservation; known only once captured). A width whose
     capture fails, or that would start with less than RUNTIME_MIN_FREE free, is served eagerly
     (exact, slower; counted in domino_eager_rounds_total) and said, rather than refusing to
-    start: these graphs are an optimisation."""
-    before = free_device_memory(device)
+    start: these graphs are an optimisation. Decided for the TP group as one (tp.py): by its
+    least free memory, and a capture counts only where it succeeded on every rank, so every
+    rank replays the same widths and meets the same collectives."""
+    before = agree.least(free_device_memory(device))
     if before is not None and before < RUNTIME_MIN_FREE:
         logger.warning("DOMINO: %.0f MB free: the %s CUDA graphs at width %d are not "
                        "captured (rounds at that width run eagerly); lower "
                        "--mem-fraction-static to leave room", before / 2**20, what, width)
         return
+    runtime = None
     try:
-        runtimes[width] = verify_graph_runtime(model_runner, width)
+        runtime = verify_graph_runtime(model_runner, width)
     except Exception:  # noqa: BLE001 (any capture failure: the eager path stays correct)
         logger.exception("DOMINO: could not capture the %s CUDA graphs at width %d; rounds "
                          "at that width run eagerly", what, width)
+    if not agree.every(runtime is not None):
+        if runtime is not None:
+            logger.warning("DOMINO: the %s CUDA graphs at width %d failed on another tensor-"
+                           "parallel rank; rounds at that width run eagerly", what, width)
         return
+    runtimes[width] = runtime
     after = free_device_memory(device)
     if before is not None and after is not None:
         logger.info("DOMINO: %s CUDA graphs at width %d took %.1f MB", what, width,

@@ -180,7 +180,7 @@ class DominoWorker(BaseSpecWorker):
         prefix = torch.tensor(batch.prefix_lens, dtype=torch.int64, device=self.device)
         extend = torch.tensor(batch.extend_lens, dtype=torch.int64, device=self.device)
         first = torch.cumsum(extend, 0) - extend  # flat index of each request's first new token
-        flat = torch.arange(int(extend.sum()), device=self.device)
+        flat = torch.arange(sum(batch.extend_lens), device=self.device)  # host lengths: no sync
         positions = torch.repeat_interleave(prefix - first, extend) + flat
         self.write_draft_context(out.logits_output.hidden_states, positions, batch.out_cache_loc)
         out.logits_output.hidden_states = None
@@ -294,6 +294,9 @@ class DominoWorker(BaseSpecWorker):
             target_choice = primitives.argmax(logits)  # [bs, L]
             tokens, accept_lens = verify_greedy(chain, target_choice)
         judged = accept_lens  # the verifier's verdict, what the policy learns from
+        # rank 0's on every TP rank where SGLang's SGLANG_SPEC_TP_SYNC asks it (tp.py)
+        tokens, accept_lens, judged = self.parts.agree.same_verdict(tokens, accept_lens, judged,
+                                                                    plan.sampled)
         if plan.capped is not None:
             accept_lens = torch.where(plan.capped, torch.ones_like(accept_lens), accept_lens)
         return Verdict(tokens, accept_lens, judged, target_choice)

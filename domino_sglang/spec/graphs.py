@@ -69,17 +69,19 @@ def bucket_for(bs: int, buckets: tuple[int, ...] = BUCKETS) -> int | None:
 class StaticRunner:
     """fn(**inputs) -> tuple of tensors, over static input buffers: copies of `example`, or
     `example`'s tensors themselves with `own=False` (buffers shared with other runners). `pool`:
-    a CUDA graph memory pool shared by runners that never replay concurrently."""
+    a CUDA graph memory pool shared by runners that never replay concurrently. `stream`: the
+    stream to warm up and capture on (SGLang's graph-capture stream, under which its TP
+    collectives are the capturable ones); None: a fresh side stream."""
 
     def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]],
                  example: dict[str, torch.Tensor], capture: bool, warmup: int = 2,
-                 own: bool = True, pool=None):
+                 own: bool = True, pool=None, stream=None):
         self.fn = fn
         self.inputs = {k: v.clone() for k, v in example.items()} if own else dict(example)
         self.graph = None
         self.outputs = None
         if capture:  # UNVERIFIED on a GPU (module docstring)
-            stream = torch.cuda.Stream()
+            stream = stream or torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(warmup):  # allocator / cuBLAS warm-up outside the capture
@@ -87,7 +89,8 @@ class StaticRunner:
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()
             # thread_local: another thread's CUDA call during a (lazy) capture is not an error
-            with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
+            with torch.cuda.graph(self.graph, pool=pool, stream=stream,
+                                  capture_error_mode="thread_local"):
                 self.outputs = fn(**self.inputs)
 
     def __call__(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -154,17 +157,23 @@ class RolloutGraphs:
     def __init__(self, head: HeadParams, block: int, hidden: int, dtype: torch.dtype,
                  device: torch.device | str, *, candidate_pool: int, use_head: bool,
                  temperature_scale: float, copy_gate: torch.nn.Module | None,
-                 history_cap: int, capture: bool, buckets: tuple[int, ...] = BUCKETS):
+                 history_cap: int, capture: bool, buckets: tuple[int, ...] = BUCKETS,
+                 lengths: tuple[int, ...] | None = None):
         self.head, self.block, self.hidden, self.dtype = head, block, hidden, dtype
         self.device = torch.device(device)
         self.candidate_pool, self.use_head = candidate_pool, use_head
         self.temperature_scale, self.copy_gate = temperature_scale, copy_gate
         self.history_cap, self.capture, self.buckets = history_cap, capture, buckets
+        # the rollout lengths built at start-up: the planner's verify widths above 1 (rounds
+        # verify only at those), every 2..B where none are given
+        self.lengths = tuple(range(2, block + 1)) if lengths is None else tuple(
+            n for n in lengths if 2 <= n <= block)
         self.pool = None  # the CUDA graphs' memory pool, made by capture_startup
         self.buffers: dict[int, dict[str, torch.Tensor]] = {}  # bucket -> name -> buffer
         self.runners: dict[tuple, StaticRunner] = {}
         self.captured: set[tuple] = set()  # the keys built by capture_startup
         self._starting = False  # inside capture_startup: the only place a runner is captured
+        self._stream = None  # capture_startup's capture stream
         self.input_rows = self._input_rows()
 
     def eager_reason(self, bs: int, sampled: bool, history_len: int | None = None) -> str | None:
@@ -240,24 +249,26 @@ class RolloutGraphs:
     def startup_keys(self) -> list[tuple]:
         """The runners capture_startup builds (class docstring)."""
         width = HISTORY_WIDTHS[0] if self.copy_gate is not None else 0
-        lengths = range(2, self.block + 1)
+        lengths = self.lengths
         keys = [("greedy", b, n, width) for b in self.buckets for n in lengths]
         keys += [("sampled", b, n, width, *variant, False) for b in self.buckets
                  if b <= SAMPLED_MAX_BUCKET for n in lengths for variant in SAMPLED_VARIANTS]
         return keys
 
-    def capture_startup(self) -> int:
+    def capture_startup(self, stream=None) -> int:
         """Build (capture, with `capture`) every start-up runner: the number built. Later keys
-        run eagerly."""
+        run eagerly. `stream`: the capture stream (StaticRunner); at TP > 1 the caller holds
+        SGLang's graph-capture context, so the head's all-gathers and all-reduces are captured
+        through SGLang's capturable communicators, not torch.distributed's NCCL."""
         keys = self.startup_keys()
         if self.capture and self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        self._starting = True
+        self._starting, self._stream = True, stream
         try:
             for key in keys:
                 self.runner(key)
         finally:
-            self._starting = False
+            self._starting, self._stream = False, None
         self.captured.update(keys)
         return len(keys)
 
@@ -374,4 +385,4 @@ class RolloutGraphs:
                                        logit_bias=logit_bias, temperature_scale=scale,
                                        copy=copy_path(history, lens), out=q)
         return StaticRunner(fn, inputs, capture=self.capture and self._starting, own=False,
-                            pool=self.pool)
+                            pool=self.pool, stream=self._stream)

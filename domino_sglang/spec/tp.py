@@ -28,6 +28,13 @@ costs (costs.py) and so chooses L. `RankAgreement.seconds` hands every rank rank
 (one host broadcast over the TP group's CPU group per timed round), so the policies of all
 ranks hold the same state and choose the same L; without it ranks would verify different
 lengths and deadlock in the target's collectives (tests/spec/test_tp.py plants such a difference).
+The start-up's decisions take the group's view the same way (`RankAgreement.least`: the group's
+least free device memory gates every capture; `every`: a capture counts where it succeeded on
+every rank), so all ranks capture the same graphs and replay them at the same rounds. The
+verdict is identical by construction (whole logits, seeded generators); as SGLang's DFLASH
+worker does, rank 0's verdict is also broadcast where SGLANG_SPEC_TP_SYNC asks it (by
+default), so a rank whose sampling drifted (a non-deterministic kernel) cannot commit other
+tokens than its peers.
 """
 
 from __future__ import annotations
@@ -111,15 +118,58 @@ def pooled_logits(local_linear: Callable[[torch.Tensor], torch.Tensor], real_row
     return linear
 
 
-class RankAgreement:
-    """Rank 0's value of what a rank measures itself, on every rank (module docstring).
-    `broadcast(obj) -> obj`: the TP group's object broadcast from rank 0 (identity at N = 1)."""
+def group_minimum(group=None) -> Callable[[int], int]:
+    """The minimum over the ranks of `group` (a torch.distributed process group; None: the
+    default one) of an int each rank measured: one all-reduce of one int64 on the host (the
+    group should be a CPU one, gloo), as SGLang's get_available_gpu_memory(distributed=True)
+    reduces free memory."""
+    def minimum(value: int) -> int:
+        t = torch.tensor([int(value)], dtype=torch.int64)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=group)
+        return int(t.item())
+    return minimum
 
-    def __init__(self, broadcast: Callable[[object], object] | None = None):
-        self.broadcast = broadcast
+
+class RankAgreement:
+    """One value on every rank for what a rank measures or draws itself (module docstring).
+    `broadcast(obj) -> obj`: the TP group's object broadcast from rank 0; `minimum(int) -> int`:
+    the group's minimum; `verdict(values, sampled) -> values`: rank 0's verdict tensor on every
+    rank (SGLang's SpecTpSync), None where SGLang's switch leaves verdicts to the ranks. All
+    None at N = 1 (identity)."""
+
+    def __init__(self, broadcast: Callable[[object], object] | None = None,
+                 minimum: Callable[[int], int] | None = None,
+                 verdict: Callable[[torch.Tensor, bool], torch.Tensor] | None = None):
+        self.broadcast, self.minimum, self.verdict = broadcast, minimum, verdict
 
     def seconds(self, value: float) -> float:
         """A round's wall time as rank 0 measured it."""
         if self.broadcast is None:
             return value
         return float(self.broadcast(value))
+
+    def least(self, value: int | None) -> int | None:
+        """The group's least of a per-rank measurement (free device memory). None (no such
+        measurement: not a CUDA device) is None on every rank, as every rank runs on the same
+        kind of device."""
+        if value is None or self.minimum is None:
+            return value
+        return self.minimum(int(value))
+
+    def every(self, ok: bool) -> bool:
+        """Whether `ok` holds on every rank (a capture that succeeded everywhere)."""
+        return ok if self.minimum is None else bool(self.minimum(int(ok)))
+
+    def same_verdict(self, tokens: torch.Tensor, accept_lens: torch.Tensor,
+                     judged: torch.Tensor, sampled: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """tokens [bs, L], accept_lens [bs], judged [bs] as rank 0 decided them (one broadcast
+        of [bs, L + 2] int64); unchanged where verdicts are not broadcast."""
+        if self.verdict is None:
+            return tokens, accept_lens, judged
+        width = tokens.shape[1]
+        packed = torch.cat([tokens.long(), accept_lens.long()[:, None], judged.long()[:, None]],
+                           dim=1)  # [bs, L + 2]
+        packed = self.verdict(packed, sampled)
+        return (packed[:, :width].to(tokens.dtype), packed[:, width].to(accept_lens.dtype),
+                packed[:, width + 1].to(judged.dtype))

@@ -116,6 +116,23 @@ def test_parallel_samples_capped():
     assert body_problem("/v1/completions", b'{"n": 3}') is None
 
 
+def test_generate_sampling_params_list_matches_the_batch():
+    """A list of sampling_params one per prompt (text or token-id batches); SGLang answers 500
+    for any other length."""
+    def problem(body: str):
+        return body_problem("/generate", body.encode())
+
+    assert "a list of 1 but the batch has 2 prompts" in problem(
+        '{"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 2}]}')
+    assert "a list of 3 but the batch has 2 prompts" in problem(
+        '{"input_ids": [[1, 2], [3]], "sampling_params": [{}, {}, {}]}')
+    for fine in ('{"text": ["a", "b"], "sampling_params": [{}, {}]}',
+                 '{"text": ["a", "b"], "sampling_params": {"max_new_tokens": 2}}',
+                 '{"input_ids": [1, 2], "sampling_params": {}}',
+                 '{"text": "a", "sampling_params": {"temperature": 0}}'):
+        assert problem(fine) is None, fine
+
+
 def test_ordinary_bodies_have_no_problem():
     assert body_problem("/v1/chat/completions", b'{"top_logprobs": 20, "logprobs": true}') is None
     assert body_problem("/v1/chat/completions", b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH

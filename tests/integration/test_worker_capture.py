@@ -9,6 +9,7 @@ import pytest
 
 from domino_sglang.integration import capture
 from domino_sglang.integration.capture import RUNTIME_MIN_FREE
+from domino_sglang.spec.tp import RankAgreement
 
 GB = 1 << 30
 
@@ -30,5 +31,67 @@ def test_a_width_is_captured_only_with_room(monkeypatch, caplog, free, fails, ca
     monkeypatch.setattr(capture, "verify_graph_runtime", fake_capture)
     runtimes: dict = {}
     with caplog.at_level("INFO", logger="domino_sglang.integration.worker"):
-        capture.capture_runtime(runtimes, object(), 4, "verify", "cuda")
+        capture.capture_runtime(runtimes, object(), 4, "verify", "cuda", RankAgreement())
     assert (4 in runtimes) is captured and said in caplog.text
+
+
+# ---- tensor parallel: every rank captures the same widths (spec/tp.py RankAgreement) ----
+
+MB = 1 << 20
+# rank -> free memory before each width's capture: rank 0 just above RUNTIME_MIN_FREE at width
+# 1, rank 1 just below; rank 1's capture at width 2 fails
+RANK_FREE = {0: [RUNTIME_MIN_FREE + 50 * MB] * 6, 1: [RUNTIME_MIN_FREE - 50 * MB] + [8 * GB] * 5}
+RANK_FAILS = {0: (), 1: (2,)}
+
+
+def _captured_widths(rank: int, agreed: bool) -> list[int]:
+    """The widths 1, 2, 4 rank `rank` captures, with its own faked free memory and failures,
+    deciding as one group (agreed) or each rank alone (as before RankAgreement.least/every)."""
+    from domino_sglang.spec.tp import group_minimum
+
+    readings = iter(RANK_FREE[rank])
+    capture.free_device_memory = lambda device: next(readings)
+
+    def fake_capture(model_runner, width):
+        if width in RANK_FAILS[rank]:
+            raise RuntimeError("capture failed")
+        return ("backend", f"runner{width}")
+
+    capture.verify_graph_runtime = fake_capture
+    agree = RankAgreement(minimum=group_minimum()) if agreed else RankAgreement()
+    runtimes: dict = {}
+    for width in (1, 2, 4):
+        capture.capture_runtime(runtimes, object(), width, "verify", "cuda", agree)
+    return sorted(runtimes)
+
+
+def _verdicts(rank: int) -> list[list[int]]:
+    """Each rank's own (different) verdict, then rank 0's broadcast to every rank."""
+    import torch
+    import torch.distributed as dist
+
+    def broadcast(values, sampled):
+        dist.broadcast(values, src=0)
+        return values
+
+    tokens = torch.tensor([[5, 6, 7], [8, 9, 10]]) + 100 * rank  # [bs 2, L 3]
+    accept, judged = torch.tensor([3, 1 + rank]), torch.tensor([3, 2])
+    out = RankAgreement(verdict=broadcast).same_verdict(tokens, accept, judged, sampled=True)
+    return [t.tolist() for t in out]
+
+
+def _rank(rank: int) -> tuple:
+    return (_captured_widths(rank, True), _captured_widths(rank, False), _verdicts(rank))
+
+
+def test_tensor_parallel_ranks_decide_as_one():
+    """Rank-local free memory and a capture failing on one rank: the group decides once (its
+    least free memory, a capture kept only where every rank succeeded), so both ranks serve
+    the same widths from graphs; deciding alone, they diverge (NCCL would hang). Each rank's
+    own verdict gives way to rank 0's."""
+    from tests.spec.test_tp import _run
+
+    (agreed0, alone0, verdict0), (agreed1, alone1, verdict1) = _run(_rank)
+    assert agreed0 == agreed1 == [4]  # width 1: the least free too low; 2: failed on rank 1
+    assert (alone0, alone1) == ([1, 2, 4], [4])  # what each rank would do by itself
+    assert verdict0 == verdict1 == [[[5, 6, 7], [8, 9, 10]], [3, 1], [3, 2]]

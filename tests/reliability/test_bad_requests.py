@@ -68,6 +68,10 @@ BAD = [
     ("hidden states", "generate", {"text": "Hi", "return_hidden_states": True,
                                    "sampling_params": {"max_new_tokens": 8}},
      "return_hidden_states is not supported with --speculative-algorithm DOMINO"),
+    # SGLang 0.5.23 alone answers a 500 (its batch normalisation); http/guards.py a 400
+    ("sampling_params list shorter than the batch", "generate",
+     {"text": ["Hi", "Hello"], "sampling_params": [{"max_new_tokens": 2}]},
+     "sampling_params is a list of 1 but the batch has 2 prompts"),
 ]
 PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "generate": "/generate"}
 

@@ -234,11 +234,16 @@ def test_a_recorded_trace_takes_the_same_shapes_on_every_device():
              (4, 4, "plain", 250), (2, 6, None, 30), (8, 3, "filters", 60)]
     shapes = {}
     for device_view, capture in (("cpu-gpu-shape", False), ("cuda", True)):
+        widths = verify_widths(B)
         graphs = RolloutGraphs(make_head(0), B, H, torch.float32, "cpu", candidate_pool=0,
                                use_head=True, temperature_scale=1.0, copy_gate=_gate(0.5),
-                               history_cap=4096, capture=capture, buckets=(1, 2, 4, 8))
-        graphs.captured.update(graphs.startup_keys())  # what capture_startup would have built
-        widths = verify_widths(B)
+                               history_cap=4096, capture=capture, buckets=(1, 2, 4, 8),
+                               lengths=widths)
+        # what capture_startup would build: only the planner's widths, never a length it
+        # cannot choose (4 buckets x lengths 2, 4, 6 x greedy + 2 sampled variants)
+        assert {k[2] for k in graphs.startup_keys()} == {2, 4, 6}
+        assert len(graphs.startup_keys()) == 4 * 3 * 3
+        graphs.captured.update(graphs.startup_keys())
         seq = []
         for bs, wanted, kind, t in trace:
             length = width_for(wanted, widths)
