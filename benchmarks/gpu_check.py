@@ -21,9 +21,13 @@ assumptions, the shipped 135M drafter's ratios scaled up):
              padded batches included
   widths     the draft pass per verify width (graphs.verify_widths) at each batch size, eager
              and captured
-  start-up   RolloutGraphs.capture_startup: its memory figure vs what it allocated, a trace
+  start-up   RolloutGraphs.capture_startup at the planner's widths: its time, its memory
+             figure vs what it allocated, the device memory each kind of capture took, a trace
              that captures nothing more, shrinking batches and histories, the rollout time per
              verify width at each batch size
+  sampled    a sampled verify at bs 1..64 (Qwen3's sampling defaults): top-k / top-p over the
+             whole sorted vocabulary vs over the TOP_K_BOUND most likely tokens, the same
+             tokens, the peak device memory and time of each
   train      a few AdamW steps of the drafter's training loss (train/module.DrafterTrainModule:
              the block drafts, the base-anchored curriculum, the copy gate) on one fixed batch
              of synthetic sequences, fp32 master weights under bf16 autocast on CUDA (as
@@ -55,10 +59,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 FULL = dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, inter=12288, vocab=151936,
             layers=5, gru=1024, emb=256, block=16, context=1024, pool=2048,
-            batches=(1, 8, 32), history=2048, repeats=20)
+            batches=(1, 8, 32), history=2048, repeats=20,
+            sampled_batches=(1, 8, 16, 32, 48, 64))
 QUICK = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, inter=128, vocab=512, layers=2,
              gru=32, emb=16, block=8, context=24, pool=64, batches=(1, 3), history=40,
-             repeats=3)
+             repeats=3, sampled_batches=(1, 3))
 
 
 def build(dims: dict, device: torch.device, dtype: torch.dtype):
@@ -307,12 +312,30 @@ def check_startup_runners(head, drafter, dims, device, dtype, graphs: bool) -> d
     before = torch.cuda.memory_allocated(device) if graphs else 0
     rg = RolloutGraphs(head, block, hidden, dtype, device, candidate_pool=dims["pool"],
                        use_head=True, temperature_scale=0.6, copy_gate=drafter.copy_gate,
-                       history_cap=dims["history"] * 4, capture=graphs, buckets=buckets)
+                       history_cap=dims["history"] * 4, capture=graphs, buckets=buckets,
+                       lengths=verify_widths(block))
+    per_capture = {}  # runner key -> device bytes its capture took (0 on the CPU)
+    build_runner = rg.runner
+
+    def measured_runner(key):
+        at = torch.cuda.memory_allocated(device) if graphs else 0
+        runner = build_runner(key)
+        if key not in per_capture:
+            per_capture[key] = (torch.cuda.memory_allocated(device) if graphs else 0) - at
+        return runner
+
+    rg.runner = measured_runner
     t0 = time.perf_counter()
     built = rg.capture_startup()
-    out = {"buckets": list(buckets), "runners": built,
+    rg.runner = build_runner
+    kinds: dict[str, int] = {}
+    for key, took in per_capture.items():
+        name = f"{key[0]}_bs{key[1]}" + ("" if key[0] == "greedy" else f"_{key[4:8]}")
+        kinds[name] = kinds.get(name, 0) + took
+    out = {"buckets": list(buckets), "runners": built, "lengths": list(rg.lengths),
            "startup_s": round(time.perf_counter() - t0, 2), "buffer_bytes": rg.buffer_bytes(),
-           "allocated_bytes": sum(t.nbytes for b in rg.buffers.values() for t in b.values())}
+           "allocated_bytes": sum(t.nbytes for b in rg.buffers.values() for t in b.values()),
+           "capture_bytes_by_kind": kinds}
     if graphs:
         out["cuda_allocated_delta"] = torch.cuda.memory_allocated(device) - before
         out["cuda_max_allocated"] = torch.cuda.max_memory_allocated(device)
@@ -373,6 +396,46 @@ def check_verify(dims, device, bs: int) -> dict:
     t = 1e3 * timed(lambda: verify_mixed(dev(chain), dev(logits), dev(q), drows, u),
                     dims["repeats"], device)
     return {"bs": bs, "greedy_equal_cpu": ok, "sampled_verify_ms": t}
+
+
+def check_sampled_rounds(dims, device) -> list[dict]:
+    """A sampled verify at each batch size of SAMPLED_BATCHES (Qwen3's sampling defaults:
+    T 0.6, top-k 20, top-p 0.95, every row): top-k / top-p over the whole sorted vocabulary
+    against over the TOP_K_BOUND most likely tokens (SamplingRows.top_k_bounded): the same
+    tokens, each one's peak device memory above its inputs (CUDA) and time."""
+    from domino_sglang.spec.sampling import RoundUniforms, SamplingRows
+    from domino_sglang.spec.verify import verify_mixed
+
+    b, v = dims["block"], dims["vocab"]
+    out = []
+    for bs in dims["sampled_batches"]:
+        g = torch.Generator().manual_seed(bs)
+        logits = (3 * torch.randn(bs, b, v, generator=g)).to(device)
+        q = torch.softmax(3 * torch.randn(bs, b - 1, v, generator=g), dim=-1).to(device)
+        chain = torch.randint(0, v, (bs, b), generator=g).to(device)
+        full = partial(lambda n, x, dt: torch.full((n,), x, dtype=dt, device=device), bs)
+        row = {"bs": bs}
+        tokens = {}
+        for bounded in (False, True):
+            rows = SamplingRows(full(0.6, torch.float32), full(20, torch.int64),
+                                full(0.95, torch.float32), full(0.0, torch.float32),
+                                torch.arange(bs, device=device), need_sort=True,
+                                need_min_p=False, has_greedy=True, top_k_bounded=bounded)
+            u = RoundUniforms.for_round(rows.seed, full(100, torch.int64), b)
+            name = "bounded" if bounded else "sort"
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+                base = torch.cuda.memory_allocated(device)
+            tokens[name] = [t.cpu() for t in verify_mixed(chain, logits, q, rows, u)]
+            if device.type == "cuda":
+                row[f"{name}_peak_bytes"] = torch.cuda.max_memory_allocated(device) - base
+            row[f"{name}_ms"] = round(1e3 * timed(
+                partial(verify_mixed, chain, logits, q, rows, u), dims["repeats"], device), 3)
+        row["equal"] = all(torch.equal(a, c) for a, c in zip(tokens["sort"], tokens["bounded"]))
+        out.append(row)
+        del logits, q
+    return out
 
 
 def check_copy_index(dims, device) -> dict:
@@ -498,6 +561,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"draft pass per width: {result['draft_widths']}", flush=True)
     result["startup"] = check_startup_runners(head, drafter, dims, device, dtype, graphs)
     print(f"start-up runners: {result['startup']}", flush=True)
+    result["sampled_rounds"] = check_sampled_rounds(dims, device)
+    for row in result["sampled_rounds"]:
+        print(f"sampled verify: {row}", flush=True)
     result["copy_index"] = check_copy_index(dims, device)
     result["train"] = check_train(TRAIN_QUICK if args.quick else TRAIN, device)
     print(f"train: {result['train']}", flush=True)
@@ -507,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
           and all(r["greedy_equal_cpu"] for r in result["verify"])
           and result["copy_index"]["equal_copy_table"]
           and result["startup"]["ok"] and result["draft_widths"]["ok"]
+          and all(r["equal"] for r in result["sampled_rounds"])
           and result["train"]["decreased"])
     result["ok"] = ok
     print(f"verify: {result['verify']}\ncopy index: {result['copy_index']}\n"

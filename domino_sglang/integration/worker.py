@@ -258,7 +258,8 @@ class DominoWorker(BaseSpecWorker):
                             self.block_size if plan.length > 1 else 1, self.device)
         if not plan.sampled:
             return DraftSlots(chain, positions, slots.view(bs, -1))
-        rows = SamplingRows.from_sampling_info(batch.sampling_info, plan.seeds)
+        rows = SamplingRows.from_sampling_info(batch.sampling_info, plan.seeds,
+                                               plan.top_k_bounded)
         u = RoundUniforms.for_round(rows.seed, prefix_lens, plan.length)
         return DraftSlots(chain, positions, slots.view(bs, -1), rows, u)
 

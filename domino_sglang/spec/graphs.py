@@ -130,9 +130,12 @@ def history_width(tokens: int) -> int:
 
 _TOP_K_OFF = 1 << 30  # a padding row's top-k: no filter (top_k <= 1 would make it greedy)
 # The sampled runners captured at start-up, by their filter flags (need_sort, need_min_p,
-# has_greedy): temperature-only rows, and every filter on (exact for any mix of rows: a flag
-# only skips work its rows do not need). A round with other flags runs the filters-on runner.
-SAMPLED_VARIANTS = ((False, False, False), (True, True, True))
+# has_greedy, top_k_bounded): temperature-only rows, and every filter on (exact for any mix of
+# rows: a flag only skips work its rows do not need), top-k / top-p over the TOP_K_BOUND most
+# likely tokens (every row's top_k within it, as Qwen3's defaults) or over the whole sorted
+# vocabulary. A round with other flags runs a filters-on runner.
+SAMPLED_VARIANTS = ((False, False, False, False), (True, True, True, True),
+                    (True, True, True, False))
 
 
 class RolloutGraphs:
@@ -228,7 +231,8 @@ class RolloutGraphs:
     def sampled_key(self, bs: int, length: int, history: torch.Tensor | None,
                     rows: SamplingRows, bias: bool) -> tuple:
         flags = (rows.need_sort, rows.need_min_p, rows.has_greedy)
-        variant = flags if flags == SAMPLED_VARIANTS[0] else SAMPLED_VARIANTS[1]
+        variant = (SAMPLED_VARIANTS[0] if not any(flags)
+                   else SAMPLED_VARIANTS[1] if rows.top_k_bounded else SAMPLED_VARIANTS[2])
         return ("sampled", bucket_for(bs, self.buckets), length, self._width(history), *variant,
                 bias)
 
@@ -366,7 +370,7 @@ class RolloutGraphs:
                                               return_base_pick=True, copy=copy)
                 return (chain, picks) if copy is None else (chain, picks, copy.copied())
         else:
-            need_sort, need_min_p, has_greedy, bias = key[4:]
+            need_sort, need_min_p, has_greedy, bounded, bias = key[4:]
             self._buffer(bucket, "q", (self.block - 1, self.head.vocab_size), torch.float32, 0)
             if bias:
                 self._buffer(bucket, "bias", (self.head.vocab_size,), torch.float32, 0)
@@ -380,7 +384,7 @@ class RolloutGraphs:
             def fn(z, bonus, temperature, top_k, top_p, min_p, seed, u, q, logit_bias=None,
                    history=None, lens=None):
                 rows = SamplingRows(temperature, top_k, top_p, min_p, seed, need_sort,
-                                    need_min_p, has_greedy)
+                                    need_min_p, has_greedy, bounded)
                 return sampled_rollout(z, bonus, head, rows, u, pool, use_head=use_head,
                                        logit_bias=logit_bias, temperature_scale=scale,
                                        copy=copy_path(history, lens), out=q)

@@ -35,6 +35,7 @@ class RoundPlan:
     capped:     [bs] bool on the host / device: rows committing one token (None: no row does)
     sampled:    whether any request samples (else every row is greedy)
     seeds:      each request's sampling_seed (None: fresh randomness)
+    top_k_bounded: every request's top_k <= sampling.TOP_K_BOUND (read on the host)
     asked:      whether offering proposers were asked this round (debug log)
     """
 
@@ -46,6 +47,7 @@ class RoundPlan:
     sampled: bool
     seeds: list[int | None]
     asked: bool
+    top_k_bounded: bool = False
 
     @property
     def kind(self) -> str:

@@ -37,6 +37,7 @@ import torch
 from domino_sglang.spec.graphs import width_for
 from domino_sglang.spec.plan import Offer, RoundPlan
 from domino_sglang.spec.proposers.protocol import OfferingProposer
+from domino_sglang.spec.sampling import TOP_K_BOUND
 
 logger = logging.getLogger(__name__)
 
@@ -95,9 +96,11 @@ class RoundPlanner:
         if offers and length == 1:  # 5: plain decoding after all
             offers, offer_only = {}, False
         length = width_for(length, self.widths)  # 6: at a captured width
+        sampled = not all(greedy_host)
+        bounded = sampled and all(r.sampling_params.top_k <= TOP_K_BOUND for r in batch.reqs)
         return RoundPlan(length=length, draft_pass=length > 1 and not offer_only, offers=offers,
-                         capped_host=capped_host, capped=capped, sampled=not all(greedy_host),
-                         seeds=seeds, asked=asked)
+                         capped_host=capped_host, capped=capped, sampled=sampled,
+                         seeds=seeds, asked=asked, top_k_bounded=bounded)
 
     def ask(self, batch, capped: list[bool] | None) -> tuple[dict[str, Offer], list[bool]]:
         """Every offering proposer's drafts, in order, each for the rows no earlier one found
@@ -115,10 +118,10 @@ class RoundPlanner:
         """Whether a round the policy made plain could verify offered drafts instead: only as an
         offer-only round (every uncapped request has an offer) whose drafts pay at this batch
         size even at their longest (policy.offer_len). Both are asked on the host first
-        (OfferingProposer.may_cover: prompt lookup asks request by request until one has no
-        recurring suffix), so a plain round under load does not pay for a batched search whose
-        drafts it could not use. Exact for the tokens and the policy's statistics (the rounds
-        are the same); the plain rounds' measured times shrink by the search they skip."""
+        (OfferingProposer.may_cover: prompt lookup asks each request's index until one has no
+        draft), so a plain round under load does not pay for offers it could not use. Exact
+        for the tokens and the policy's statistics (the rounds are the same); the plain rounds'
+        measured times shrink by the search they skip."""
         bs, longest = len(batch.reqs), self.block_size - 1
         return any(self.policy.offer_len(p.name, bs, longest) > 1 and p.may_cover(batch, capped)
                    for p in self.offering)

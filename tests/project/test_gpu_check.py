@@ -48,6 +48,9 @@ def test_quick_cpu_run_passes_without_sglang(tmp_path):
     startup = result["startup"]  # the start-up capture: memory figure == allocated, no growth
     assert startup["ok"] and startup["buffer_bytes"] == startup["allocated_bytes"] > 0
     assert startup["shrinking_sequence_ok"] and startup["trace_built_nothing"]
+    assert startup["lengths"] == [2, 4, 8] and startup["capture_bytes_by_kind"]  # the widths
+    sampled = result["sampled_rounds"]  # bounded top-k: the whole sort's tokens, bs 1 and 3
+    assert [r["bs"] for r in sampled] == [1, 3] and all(r["equal"] for r in sampled)
     widths = result["draft_widths"]  # the draft pass timed per verify width and batch size
     assert widths["ok"] and set(widths["ms"]) == {f"bs{b}_W{w}" for b in (1, 3) for w in (2, 4, 8)}
     train = result["train"]  # a few optimizer steps of the training loss: finite, decreasing

@@ -35,13 +35,16 @@ def _rows(bs: int, kind: str) -> SamplingRows:
     temperature = 0.5 + torch.rand(bs, generator=g)
     top_k = torch.full((bs,), 1 << 30, dtype=torch.int64)
     top_p, min_p = torch.ones(bs), torch.zeros(bs)
-    if kind == "filters":  # mixed rows: top-k, top-p, min-p and a greedy one
+    filters = kind in ("filters", "bounded")
+    if filters:  # mixed rows: top-k, top-p, min-p and a greedy one
         top_k[0], top_p[1 % bs], min_p[-1] = 3, 0.7, 0.1
         if bs > 2:
             top_k[2] = 1
+    if kind == "bounded":  # every row's top_k small (Qwen3's defaults: 20)
+        top_k = top_k.clamp(max=20)
     return SamplingRows(temperature, top_k, top_p, min_p, torch.arange(bs) * 7 + 1,
-                        need_sort=kind == "filters", need_min_p=kind == "filters",
-                        has_greedy=kind == "filters")
+                        need_sort=filters, need_min_p=filters, has_greedy=filters,
+                        top_k_bounded=kind == "bounded")
 
 
 def _graphs(head, pool, use_head, gate) -> RolloutGraphs:
@@ -91,7 +94,7 @@ def test_static_greedy_rollout_equals_dynamic(pool, use_head, vocab, pointer):
 
 
 @pytest.mark.parametrize("pointer", [False, True])
-@pytest.mark.parametrize("kind", ["temperature", "filters"])
+@pytest.mark.parametrize("kind", ["temperature", "filters", "bounded"])
 @pytest.mark.parametrize("pool,vocab,bias", [(0, None, False), (5, None, True),
                                              (0, [9, 2, 5, 0, 7], True)])
 def test_static_sampled_rollout_equals_dynamic(pool, vocab, bias, kind, pointer):
@@ -154,14 +157,14 @@ def test_long_histories_run_at_a_wider_history_buffer():
 
 def test_runners_are_built_at_start_up_only(pointer=False):
     """capture_startup builds every greedy runner (each bucket, L = 2..B) and the sampled ones
-    (buckets up to 16, both variants); a replayed trace of rounds after it builds nothing it
+    (buckets up to 16, every variant); a replayed trace of rounds after it builds nothing it
     would capture: a key first seen while serving (a logit bias, a wider history) runs eagerly
     over the static buffers, and says so."""
     graphs = RolloutGraphs(make_head(0), B, H, torch.float32, "cpu", candidate_pool=0,
                            use_head=True, temperature_scale=1.0, copy_gate=None,
                            history_cap=HISTORY_CAP, capture=False, buckets=(1, 2, 4))
     built = graphs.capture_startup()
-    assert built == 3 * (B - 1) * 3 == len(graphs.runners)  # greedy + 2 sampled variants
+    assert built == 3 * (B - 1) * 4 == len(graphs.runners)  # greedy + 3 sampled variants
     g = torch.Generator().manual_seed(4)
     for bs, kind in ((3, "plain"), (1, "filters"), (4, "plain"), (2, "filters")):
         z, bonus = torch.randn(bs, B, H, generator=g), torch.randint(0, V, (bs,), generator=g)
@@ -240,9 +243,9 @@ def test_a_recorded_trace_takes_the_same_shapes_on_every_device():
                                history_cap=4096, capture=capture, buckets=(1, 2, 4, 8),
                                lengths=widths)
         # what capture_startup would build: only the planner's widths, never a length it
-        # cannot choose (4 buckets x lengths 2, 4, 6 x greedy + 2 sampled variants)
+        # cannot choose (4 buckets x lengths 2, 4, 6 x greedy + 3 sampled variants)
         assert {k[2] for k in graphs.startup_keys()} == {2, 4, 6}
-        assert len(graphs.startup_keys()) == 4 * 3 * 3
+        assert len(graphs.startup_keys()) == 4 * 3 * 4
         graphs.captured.update(graphs.startup_keys())
         seq = []
         for bs, wanted, kind, t in trace:

@@ -1,13 +1,16 @@
-"""Prompt lookup (lookup.py): the vectorised match equals a direct scan, on random histories."""
+"""Prompt lookup (lookup.py): the vectorised match and the incremental per-request index equal a
+direct scan, on random histories; PromptLookup offers what the batched lookup finds."""
 
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import torch
 
 from domino_sglang.spec.proposers.lookup import (
-    has_recurring_suffix,
+    LookupIndex,
+    PromptLookup,
     lookup_batch,
     lookup_draft,
 )
@@ -34,20 +37,6 @@ def random_histories(seed: int, n: int, max_vocab: int, lengths: tuple[int, int]
     for _ in range(n):
         vocab, T = rng.randint(2, max_vocab), rng.randint(*lengths)
         yield [rng.randrange(vocab) for _ in range(T)], rng.randint(1, 3), rng
-
-
-def test_recurring_suffix_is_exactly_when_lookup_drafts():
-    """The host pre-check says yes exactly when the batched lookup finds a draft."""
-    yes = 0
-    for history, min_match, _ in random_histories(1, 3000, 8, (0, 40)):
-        drafted = bool(scan(history, 1, min_match)) if history else False
-        assert has_recurring_suffix(history, min_match) == drafted, (history, min_match)
-        yes += drafted
-    assert 500 < yes < 2500  # both outcomes are exercised
-    assert has_recurring_suffix([5, 6, 7, 5, 6])  # the suffix 5 6 at 0
-    assert not has_recurring_suffix([5, 6, 7, 6, 5])
-    assert has_recurring_suffix([4, 4, 4])  # overlapping: 4 4 at 0
-    assert not has_recurring_suffix([4, 4])  # its only occurrence is itself
 
 
 def test_lookup_equals_a_direct_scan():
@@ -104,3 +93,141 @@ def test_host_lookup_costs_no_host_device_sync():
         drafts, lengths = lookup_batch(histories, 5)
     assert drafts.tolist() == [[9, 7, 8, -1, -1], [3, 1, 2, -1, -1]] and lengths.tolist() == [3, 3]
     assert counter.total("domino") == 0
+
+
+def growing_histories(seed: int, n: int):
+    """n (prompt, output steps, max_tokens, min_match, max_match) cases: a prompt, then an
+    output committed a few tokens at a time (one at a time in a third of the cases); tokens are
+    random over a small vocabulary or copies of an earlier stretch (long matches, runs)."""
+    rng = random.Random(seed)
+    for case in range(n):
+        vocab = rng.randint(2, 12)
+
+        def more(h: list[int], k: int, vocab: int = vocab) -> list[int]:
+            if h and rng.random() < 0.4:  # a copy of an earlier stretch
+                s = rng.randrange(len(h))
+                return (h[s:] * k)[:k]
+            return [rng.randrange(vocab) for _ in range(k)]
+
+        prompt = more([], rng.randint(0, 30))
+        history, steps = list(prompt), []
+        for _ in range(rng.randint(1, 20)):
+            step = more(history, 1 if case % 3 == 0 else rng.randint(1, 6))
+            history += step
+            steps.append(step)
+        min_match = rng.randint(1, 3)
+        yield (prompt, steps, rng.randint(0, 15), min_match, rng.randint(min_match, 12))
+
+
+def test_the_index_equals_a_direct_scan_as_the_history_grows():
+    """Asked after every commit, the incremental index drafts exactly what the definition
+    does (and so what lookup_batch does, tested above)."""
+    found = asked = 0
+    for prompt, steps, max_tokens, min_match, max_match in growing_histories(2, 1500):
+        index, output = LookupIndex(max_tokens, min_match, max_match), []
+        for step in steps:
+            output.extend(step)  # the request's own list, appended in place
+            index.sync(prompt, output)
+            want = scan(prompt + output, max_tokens, min_match, max_match)
+            assert index.draft() == want, (prompt, output, max_tokens, min_match, max_match)
+            assert index.last_token == (prompt + output)[-1]
+            found, asked = found + bool(want), asked + 1
+    assert 0.3 < found / asked < 0.9  # both outcomes are exercised
+    # the default rule, on lookup_batch's own examples
+    index = LookupIndex(4)
+    index.sync([1, 2, 9, 1, 2], [8, 1, 2])
+    assert index.draft() == [9, 1, 2, 8] and index.find() == (1, 4)  # the end of "1 2" at 1
+    index = LookupIndex(8)
+    index.sync([3], [4] * 20)  # inside a run longer than max_match: 8 more
+    assert index.draft() == [4] * 8
+
+
+def test_a_history_that_no_longer_extends_the_index_is_indexed_afresh():
+    """A shorter output, another token at the last indexed position or another prompt length
+    (a restarted request) re-index: nothing of the earlier history is left. A history that
+    extends the indexed one keeps its index."""
+    index = LookupIndex(4)
+    index.sync([1, 2, 3, 4], [1, 2])
+    assert index.draft() == [3, 4, 1, 2]
+    grams = index.grams
+    index.sync([1, 2, 3, 4], index.output + [3])  # extends it: indexed on
+    assert index.grams is grams and index.draft() == [4, 1, 2, 3]
+    restarts = [
+        ([1, 2, 3, 4], [5, 1, 2, 3]),  # longer, another token at the last indexed position
+        ([1, 2, 3, 4], [7]),  # shorter
+        ([1, 2, 3], [4, 7, 1, 2]),  # extends it, but the prompt is another length
+        ([9, 9, 9], [9, 1, 2, 9, 9]),  # longer, another token at the last indexed position
+    ]
+    for prompt, output in restarts:
+        grams = index.grams
+        index.sync(prompt, output)
+        assert index.grams is not grams, (prompt, output)
+        assert index.draft() == scan(prompt + output, 4), (prompt, output)
+        fresh = LookupIndex(4)
+        fresh.sync(prompt, output)
+        assert index.grams == fresh.grams and index.length == fresh.length == len(prompt + output)
+
+
+def old_offer(reqs, bonus: list[int], capped: list[bool], n: int, mask: int):
+    """What PromptLookup offered before its index (batched lookup_batch over each request's
+    prompt + output): (found_host, found, drafts, longest), or None."""
+    histories = [r.origin_input_ids + r.output_ids for r in reqs]
+    rows = [i for i, c in enumerate(capped) if not c]
+    if not rows:
+        return None
+    drafts, lens = lookup_batch([torch.tensor(histories[i]) for i in rows], n)
+    if not bool((lens > 0).any()):
+        return None
+    found_host, found, out = [False] * len(reqs), [False] * len(reqs), [[mask] * n for _ in reqs]
+    for row, i in enumerate(rows):
+        m = int(lens[row])
+        if m:
+            found_host[i], found[i] = True, histories[i][-1] == bonus[i]
+            out[i][:m] = drafts[row, :m].tolist()
+    return found_host, found, out, int(lens.max())
+
+
+def test_prompt_lookup_offers_what_the_batched_lookup_found_over_rounds():
+    """Requests commit a few tokens a round, some leave and others join, some are capped, one
+    row's recorded output does not end in its bonus token: every round's offer (and may_cover)
+    is what the batched lookup over the rebuilt histories gave, and the indexes kept are those
+    of the batch's requests."""
+    B, mask = 6, 1  # the mask token is also a token of the histories
+    lookup = PromptLookup(B, mask, "cpu", 16)
+    rng = random.Random(3)
+    cases = growing_histories(4, 10**6)
+    made = 0
+
+    def request():
+        nonlocal made
+        prompt, steps, *_ = next(cases)
+        made += 1
+        return SimpleNamespace(rid=f"r{made}", origin_input_ids=prompt, output_ids=steps[0],
+                               more=steps[1:])
+
+    reqs = [request() for _ in range(6)]
+    offered = asked = 0
+    for _ in range(40):
+        for r in reqs:  # this round's commits (the request's own list, in place)
+            if r.more:
+                r.output_ids.extend(r.more.pop(0))
+        left = [r.rid for r in reqs if not r.more]
+        reqs = [r for r in reqs if r.more] + [request() for _ in range(rng.randint(0, 2))]
+        bonus = [r.output_ids[-1] for r in reqs]
+        bonus[0] += rng.randint(0, 1)  # sometimes not x_t: drafts nothing
+        capped = [rng.random() < 0.15 for _ in reqs]
+        batch = SimpleNamespace(reqs=reqs)
+        want = old_offer(reqs, bonus, capped, B - 1, mask)
+        covers = want is not None and all(c or f for c, f in zip(capped, want[0]))
+        assert lookup.may_cover(batch, capped) == covers
+        got = lookup.offer(batch, torch.tensor(bonus), capped)
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert got.found_host == want[0] and got.found.tolist() == want[1]
+            assert got.drafts.tolist() == want[2] and got.longest == want[3]
+            offered += sum(want[0])
+        asked += len(reqs)
+        assert set(lookup.indexes) <= {r.rid for r in reqs}
+        assert not set(lookup.indexes) & set(left)  # the requests that left are dropped
+    assert 0.2 < offered / asked < 0.9  # both outcomes are exercised
+    assert made > 20  # requests came and went

@@ -179,3 +179,16 @@ def test_buckets_are_the_batch_sizes_sglang_captured():
     small = SimpleNamespace(decode_cuda_graph_capture_bs=[],
                             req_to_token_pool=SimpleNamespace(size=6))
     assert graph_batch_sizes(small, captured=(), buckets=BUCKETS) == (1, 2, 4, 6)
+
+
+def test_a_sampled_round_knows_on_the_host_whether_top_k_bounds_its_filters():
+    """top_k_bounded (sampling.process_logits without a whole-vocabulary sort) holds exactly
+    when every request's top_k is at most TOP_K_BOUND: Qwen3's default 20 and greedy rows
+    do, top-k off (SGLang's 1 << 30) does not."""
+    from domino_sglang.spec.sampling import TOP_K_BOUND
+
+    plan = planner(StubPolicy()).plan
+    assert plan(batch(req(NEW, top_k=20), req(NEW, top_k=1, rid="g"))).top_k_bounded
+    assert plan(batch(req(NEW, top_k=TOP_K_BOUND))).top_k_bounded
+    assert not plan(batch(req(NEW, top_k=20), req(NEW, top_k=1 << 30, rid="o"))).top_k_bounded
+    assert not plan(batch(req(NEW, top_k=1))).top_k_bounded  # greedy: nothing sampled

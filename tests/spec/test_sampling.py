@@ -514,3 +514,32 @@ def test_host_flags_only_skip_work():
     full = torch.full_like(logits, float("-inf")).scatter_(1, ids, pool)
     on_pool = torch.zeros_like(logits).scatter_(1, ids, process_logits(pool, rows))
     torch.testing.assert_close(on_pool, process_logits(full, rows))
+
+
+def test_bounded_top_k_filters_as_the_whole_sort_without_sorting():
+    """Every row's top_k <= TOP_K_BOUND (Qwen3's top-k 20 / top-p 0.95, greedy rows, min-p):
+    top-k / top-p over the TOP_K_BOUND most likely tokens keep exactly what the whole
+    vocabulary's sort keeps, and no sort runs (a partial top-k instead)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from domino_sglang.spec.sampling import TOP_K_BOUND
+
+    torch.manual_seed(2)
+    vocab = 3 * TOP_K_BOUND
+    n = 12
+    logits = 4 * torch.randn(n, vocab)
+    logits[3] = 0.01 * torch.randn(vocab)  # nearly flat: top-p keeps far more than top_k
+    kw = dict(temperature=torch.tensor([0.6, 1.0, 0.7, 1.0, 1.3, 0.6] * 2),
+              top_k=torch.tensor([20, 1, 5, TOP_K_BOUND, 20, 40] * 2),
+              top_p=torch.tensor([0.95, 1.0, 0.5, 0.999, 0.8, 1.0] * 2),
+              min_p=torch.tensor([0.0, 0.0, 0.0, 0.0, 0.05, 0.02] * 2),
+              seed=torch.zeros(n, dtype=torch.int64))
+    whole = process_logits(logits, SamplingRows(**kw))
+    bounded_rows = SamplingRows(**kw, top_k_bounded=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        bounded = process_logits(logits, bounded_rows)
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::sort" not in ops and "aten::topk" in ops, sorted(ops)
+    torch.testing.assert_close(bounded, whole, rtol=0, atol=1e-7)
+    assert int((bounded[3] > 0).sum()) == TOP_K_BOUND  # the flat row: top-k decided it
+    assert (bounded[1] > 0).sum() == 1  # the greedy row

@@ -80,8 +80,8 @@ class OfferingProposer:
 
     def may_cover(self, batch, capped: list[bool] | None) -> bool:
         """Whether every request not `capped` might get an offer this round, asked on the host
-        before a plain round offers (so a plain round under load pays for no batched search
-        whose drafts it could not use). May be optimistic; never falsely pessimistic where
+        before a plain round offers (so a plain round under load pays for no search whose
+        drafts it could not use). May be optimistic; never falsely pessimistic where
         the round could use the offer."""
         raise NotImplementedError
 
