@@ -335,9 +335,10 @@ def check_startup_runners(head, drafter, dims, device, dtype, graphs: bool) -> d
     out = {"buckets": list(buckets), "runners": built, "lengths": list(rg.lengths),
            "startup_s": round(time.perf_counter() - t0, 2), "buffer_bytes": rg.buffer_bytes(),
            "allocated_bytes": sum(t.nbytes for b in rg.buffers.values() for t in b.values()),
-           "capture_bytes_by_kind": kinds}
+           "capture_bytes_by_kind": kinds, "pool_bytes_estimate": rg.pool_bytes()}
     if graphs:
         out["cuda_allocated_delta"] = torch.cuda.memory_allocated(device) - before
+        out["pool_bytes_measured"] = out["cuda_allocated_delta"] - out["allocated_bytes"]
         out["cuda_max_allocated"] = torch.cuda.max_memory_allocated(device)
     g = torch.Generator(device="cpu").manual_seed(7)
     ok = True

@@ -78,7 +78,7 @@ __all__ = [
     "register_draft_architecture", "register_hooks", "register_resolution_steps",
     "register_spec_algorithm",
     "sanitize_nan_logits", "supports_sampling_mask", "tp_all_gather", "tp_broadcast",
-    "tp_cpu_group", "tp_verdict_sync", "capture_stream",
+    "tp_cpu_group", "tp_verdict_sync", "capture_stream", "attention_workspace_bytes",
     "rmsnorm_uses_amx", "tp_shard", "verify_graph_runtime",
 ]  # plus the lazy re-exports of LAZY (not listed: `import *` would import them all)
 
@@ -261,6 +261,9 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.srt.layers.aux_hidden_states.AuxHiddenStateList": ("capture",),
         # tp_shard, tp_broadcast, tp.vocab_range: the TP group and the lm_head's shard
         "sglang.srt.distributed.parallel_state.GroupCoordinator": ("broadcast_object",),
+        # attention_workspace_bytes: what each verify runtime's FlashInfer backend allocates
+        "sglang.srt.environ.envs": ("SGLANG_FLASHINFER_WORKSPACE_SIZE",),
+        "sglang.srt.layers.attention.flashinfer_backend": ("FlashInferAttnBackend",),
         # capture_stream: the context SGLang's graph runners capture in
         "sglang.srt.distributed.parallel_state": ("graph_capture",),
         # tp_verdict_sync: SGLang's own switch (SGLANG_SPEC_TP_SYNC) for broadcasting verdicts
@@ -468,6 +471,20 @@ def free_device_memory(device) -> int | None:
     if torch.device(device).type != "cuda":
         return None
     return int(torch.cuda.mem_get_info(torch.device(device))[0])
+
+
+def attention_workspace_bytes(model_runner) -> int:
+    """The attention workspace each verify runtime allocates for itself (verify_graph_runtime:
+    init_new_workspace), read as the target's backend sized it: FlashInfer's
+    SGLANG_FLASHINFER_WORKSPACE_SIZE (raised for Qwen models when the backend was built); 0
+    for other backends, whose workspace SGLang does not expose."""
+    from sglang.srt.environ import envs
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+
+    backend = getattr(model_runner, "attn_backend", None)
+    if not isinstance(backend, FlashInferAttnBackend):
+        return 0
+    return int(envs.SGLANG_FLASHINFER_WORKSPACE_SIZE.get())
 
 
 def verify_graph_runtime(model_runner, width: int) -> tuple:

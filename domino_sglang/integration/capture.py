@@ -20,6 +20,7 @@ import logging
 
 from domino_sglang.integration.build import RoundParts
 from domino_sglang.sglang_compat import (
+    attention_workspace_bytes,
     capture_stream,
     decode_graph_batch_sizes,
     free_device_memory,
@@ -57,17 +58,20 @@ def capture_graphs(parts: RoundParts, model_runner, device, verify_runtimes: dic
         copy_gate=copy.gate if copy is not None and copy.on_device else None,
         history_cap=model_runner.model_config.context_len,
         capture=bool(captured), buckets=buckets, lengths=widths)
-    need = graphs.buffer_bytes()
+    workspace = attention_workspace_bytes(model_runner)  # each verify runtime's own
+    need = graphs.buffer_bytes() + (graphs.pool_bytes() if captured else 0)
     free = parts.agree.least(free_device_memory(device))  # the TP group's least
-    logger.info("DOMINO: CUDA-graph shapes: batch buckets %s, verify widths %s; %.1f MB of "
-                "static rollout buffers outside SGLang's reservation (%s free)",
-                list(buckets), list(widths), need / 2**20,
+    logger.info("DOMINO: CUDA-graph shapes: batch buckets %s, verify widths %s; outside "
+                "SGLang's reservation: %.1f MB of static rollout buffers and graph pool, "
+                "%.1f MB of attention workspace per verify width (%s free)",
+                list(buckets), list(widths), need / 2**20, workspace / 2**20,
                 "n/a" if free is None else f"{free / 2**20:.0f} MB")
     if free is not None and need > free:
         raise RuntimeError(
-            f"DOMINO: the head rollout's static buffers need {need / 2**20:.0f} MB but "
-            f"{free / 2**20:.0f} MB of device memory is free: lower --mem-fraction-static "
-            f"(or --max-running-requests, or --disable-cuda-graph)")
+            f"DOMINO: the head rollout's static buffers and graph pool need about "
+            f"{need / 2**20:.0f} MB but {free / 2**20:.0f} MB of device memory is free on the "
+            f"least free rank: lower --mem-fraction-static (or --max-running-requests, or "
+            f"--disable-cuda-graph)")
     with capture_stream(bool(captured)) as stream:  # SGLang's graph-capture context
         built = graphs.capture_startup(stream)
     logger.info("DOMINO: %d head-rollout runners built at start-up (%s)", built,
@@ -77,26 +81,27 @@ def capture_graphs(parts: RoundParts, model_runner, device, verify_runtimes: dic
     for width in widths:
         if width < block:
             capture_runtime(verify_runtimes, model_runner, width, "verify", device,
-                            parts.agree)
+                            parts.agree, workspace)
             if opts.short_draft and width > 1:
                 capture_runtime(parts.draft_pass.runtimes, parts.draft_model_runner, width,
-                                "draft pass", device, parts.agree)
+                                "draft pass", device, parts.agree, workspace)
     logger.info("DOMINO: target verify CUDA graphs captured at widths %s, draft pass at %s",
                 sorted(verify_runtimes) + [block], sorted(parts.draft_pass.runtimes) + [block])
     return True
 
 
 def capture_runtime(runtimes: dict, model_runner, width: int, what: str, device,
-                    agree: RankAgreement) -> None:
+                    agree: RankAgreement, workspace: int = 0) -> None:
     """Capture `model_runner`'s graphs at `width` into runtimes[width], logging the device
-    memory they took (outside SGLang's reservation; known only once captured). A width whose
-    capture fails, or that would start with less than RUNTIME_MIN_FREE free, is served eagerly
+    memory they took (outside SGLang's reservation: its attention `workspace`, known before,
+    and the graphs, known only once captured). A width whose capture fails, or that would
+    start with less than its workspace + RUNTIME_MIN_FREE free, is served eagerly
     (exact, slower; counted in domino_eager_rounds_total) and said, rather than refusing to
     start: these graphs are an optimisation. Decided for the TP group as one (tp.py): by its
     least free memory, and a capture counts only where it succeeded on every rank, so every
     rank replays the same widths and meets the same collectives."""
     before = agree.least(free_device_memory(device))
-    if before is not None and before < RUNTIME_MIN_FREE:
+    if before is not None and before < workspace + RUNTIME_MIN_FREE:
         logger.warning("DOMINO: %.0f MB free: the %s CUDA graphs at width %d are not "
                        "captured (rounds at that width run eagerly); lower "
                        "--mem-fraction-static to leave room", before / 2**20, what, width)

@@ -290,6 +290,17 @@ class RolloutGraphs:
                 total += b * (self.block - 1) * self.head.vocab_size * torch.float32.itemsize
         return total
 
+    def pool_bytes(self) -> int:
+        """An estimate of the CUDA graph memory pool the start-up runners share (they never run
+        at once, so the pool holds the largest one's intermediates): the base logits of the
+        largest bucket at the longest length in the weight's dtype and in float32 (base_logits),
+        twice over for the rollout's temporaries of their size. Only a measurement on the
+        device says more (benchmarks/gpu_check.py reports both)."""
+        weight = self.head.lm_head_weight if self.head.vocab is None else self.head.vocab_lm_head
+        columns = weight.shape[0]  # V, or Vd over a draft vocabulary (this rank's rows at TP)
+        logits = max(self.buckets) * (max(self.lengths, default=2) - 1) * columns
+        return 2 * logits * (weight.dtype.itemsize + torch.float32.itemsize)
+
     def _width(self, history: torch.Tensor | None) -> int:
         return 0 if history is None else history_width(history.shape[1])
 

@@ -5,6 +5,8 @@ is served eagerly rather than refusing to start."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from domino_sglang.integration import capture
@@ -95,3 +97,48 @@ def test_tensor_parallel_ranks_decide_as_one():
     assert agreed0 == agreed1 == [4]  # width 1: the least free too low; 2: failed on rank 1
     assert (alone0, alone1) == ([1, 2, 4], [4])  # what each rank would do by itself
     assert verdict0 == verdict1 == [[[5, 6, 7], [8, 9, 10]], [3, 1], [3, 2]]
+
+
+def test_start_up_refuses_in_one_line_when_the_rollout_graphs_do_not_fit(monkeypatch):
+    """The rollout's static buffers and its graph pool (estimated from the shapes) are counted
+    before any capture against the TP group's least free memory; too little refuses to start,
+    naming --mem-fraction-static, before anything is allocated on the device."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tests.spec.test_rollout import H, make_head
+
+    block = 8
+    monkeypatch.setattr(capture, "decode_graph_batch_sizes", lambda device: (1, 2, 4))
+    monkeypatch.setattr(capture, "attention_workspace_bytes", lambda runner: 0)
+    opts = SimpleNamespace(gpu_shape=None, candidate_pool=0, head=True, short_draft=False,
+                           draft_temperature_scale=1.0)
+    parts = SimpleNamespace(
+        options=opts, drafter=SimpleNamespace(head=make_head(0), copy=None), block_size=block,
+        draft_pass=SimpleNamespace(graph_bs=None, runtimes={}),
+        draft_worker=SimpleNamespace(init_cuda_graphs=lambda **kw: None),
+        planner=SimpleNamespace(widths=None), policy=SimpleNamespace(widths=None),
+        conf=SimpleNamespace(hidden_size=H), draft_model_runner=SimpleNamespace(
+            dtype=torch.float32), agree=RankAgreement())
+    runner = SimpleNamespace(model_config=SimpleNamespace(context_len=4096),
+                             decode_cuda_graph_capture_bs=[1, 2, 4])
+
+    def start(free: int):
+        monkeypatch.setattr(capture, "free_device_memory", lambda device: free)
+        return capture.capture_graphs(parts, runner, "cuda", {})
+
+    with pytest.raises(RuntimeError, match="lower --mem-fraction-static") as refused:
+        start(1)
+    assert "\n" not in str(refused.value) and "MB of device memory is free" in str(refused.value)
+    graphs = parts.drafter.rollout_graphs
+    need = graphs.buffer_bytes() + graphs.pool_bytes()
+    assert graphs.pool_bytes() > 0 and graphs.lengths == (2, 4, 8)  # the planner's widths
+    assert not graphs.runners  # refused before building any runner
+    assert parts.planner.widths == (1, 2, 4, 8)
+    monkeypatch.setattr(capture.RolloutGraphs, "capture_startup", lambda self, stream: 0)
+    monkeypatch.setattr(capture, "capture_stream", lambda on: contextlib.nullcontext())
+    monkeypatch.setattr(capture, "verify_graph_runtime", lambda runner, width: ("b", width))
+    verify: dict = {}
+    monkeypatch.setattr(capture, "free_device_memory", lambda device: need + 2 * GB)
+    assert capture.capture_graphs(parts, runner, "cuda", verify) and sorted(verify) == [1, 2, 4]
