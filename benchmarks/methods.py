@@ -59,6 +59,9 @@ _FULL_BLOCK = (D + "adaptive", "off", D + "lookup", "off")
 
 METHODS: Mapping[str, Method] = MappingProxyType({
     "ar": Method("AR", ("--no-speculation",)),
+    # plain decoding on SGLang's synchronous scheduler, as DOMINO runs (no overlap scheduling)
+    "ar-sync": Method("AR, synchronous scheduler", ("--no-speculation", "--",
+                                                    "--disable-overlap-schedule")),
     "ngram": Method("NGRAM", ("--no-speculation", "--", "--speculative-algorithm", "NGRAM",
                               "--speculative-num-draft-tokens", "{block}")),
     # the drafter alone, full block every round (tau is the drafter's)

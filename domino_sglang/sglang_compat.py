@@ -77,7 +77,7 @@ __all__ = [
     "loaded_http_server", "make_draft_block_spec_info", "make_draft_input_v2",
     "register_draft_architecture", "register_hooks", "register_resolution_steps",
     "register_spec_algorithm",
-    "sanitize_nan_logits", "supports_sampling_mask", "tp_all_gather", "tp_broadcast",
+    "sanitize_nan_logits", "supports_sampling_mask", "tp_all_gather",
     "tp_cpu_group", "tp_verdict_sync", "capture_stream", "attention_workspace_bytes",
     "rmsnorm_uses_amx", "tp_shard", "verify_graph_runtime",
 ]  # plus the lazy re-exports of LAZY (not listed: `import *` would import them all)
@@ -259,8 +259,6 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.srt.models.llama.LlamaModel": ("forward",),
         "sglang.srt.models.llama.LlamaAttention": ("forward_prepare_native",),
         "sglang.srt.layers.aux_hidden_states.AuxHiddenStateList": ("capture",),
-        # tp_shard, tp_broadcast, tp.vocab_range: the TP group and the lm_head's shard
-        "sglang.srt.distributed.parallel_state.GroupCoordinator": ("broadcast_object",),
         # attention_workspace_bytes: what each verify runtime's FlashInfer backend allocates
         "sglang.srt.environ.envs": ("SGLANG_FLASHINFER_WORKSPACE_SIZE",),
         "sglang.srt.layers.attention.flashinfer_backend": ("FlashInferAttnBackend",),
@@ -277,7 +275,7 @@ TOUCHPOINTS: dict[str, dict[str, tuple[str, ...]]] = {
         "sglang.cli.main": ("main",),
     },
     "init assigns": {
-        # tp_shard, tp_broadcast, tp_cpu_group: the TP group's rank, size and CPU group
+        # tp_shard, tp_cpu_group: the TP group's rank, size and CPU group
         "sglang.srt.distributed.parallel_state.GroupCoordinator": (
             "rank_in_group", "world_size", "cpu_group"),
         # tp.vocab_range: the rows of the vocabulary-parallel lm_head this rank holds
@@ -399,13 +397,6 @@ def tp_shard():
 def tp_all_gather(x):
     """SGLang's all-gather over the TP group along the last dimension."""
     return tensor_model_parallel_all_gather(x, dim=-1)
-
-
-def tp_broadcast():
-    """The TP group's broadcast of a Python object from its rank 0 (over its CPU group: no
-    device synchronisation), or None at TP size 1."""
-    group = get_tp_group()
-    return None if group.world_size == 1 else group.broadcast_object
 
 
 @contextlib.contextmanager

@@ -44,7 +44,6 @@ from domino_sglang.sglang_compat import (
     register_draft_architecture,
     supports_sampling_mask,
     tp_all_gather,
-    tp_broadcast,
     tp_cpu_group,
     tp_shard,
     tp_verdict_sync,
@@ -62,6 +61,7 @@ from domino_sglang.spec.rollout import HeadParams
 from domino_sglang.spec.tp import (
     RankAgreement,
     gathered_logits,
+    group_first,
     group_minimum,
     pooled_logits,
     vocab_range,
@@ -140,8 +140,8 @@ def build_round(server_args, gpu_id: int, nccl_port: int, target_worker) -> Roun
     # every rank decides as one (tp.py): the policy learns from rank 0's round times, the
     # captures from the group's least free memory, the verdict is rank 0's
     cpu_group = tp_cpu_group()
-    agree = RankAgreement(tp_broadcast(), None if cpu_group is None else group_minimum(cpu_group),
-                          tp_verdict_sync())
+    agree = RankAgreement(*((None, None) if cpu_group is None else
+                            (group_first(cpu_group), group_minimum(cpu_group))), tp_verdict_sync())
     observer = RoundObserver(metrics, policy, agree)
     logger.info("DOMINO worker: block %d, %d draft layers, target layers %s, pool %s, head %s, "
                 "copy %s, draft pass %s, offering proposers %s, policy %s (cost profile %s: %s), "

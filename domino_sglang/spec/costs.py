@@ -27,12 +27,13 @@ are clipped to OUTLIER sd of the fit (a GC pause makes one round huge; a noisy c
 comes out below plain) so one round cannot move it much.
 
 t is the wall time from one decode round's start to the next's (the scheduler's own work
-included; the worker drops a round followed by a prefill) and t_plain(bs) the low median of
-the bucket's last PLAIN_WINDOW plain rounds (kept at most one per PLAIN_SPACING rounds, so a
-slow spell of consecutive plain rounds is a couple of the window's times), used once it has
-PLAIN_MIN; a speculating server runs a plain round (a calibration round) when its bucket has
-too few or stale (CAL_REFRESH rounds) plain times, at most one per CAL_MIN_GAP rounds
-(policy.py). Buckets: exact to 8, then 4 per octave.
+included; the worker drops a round followed by a prefill; offer-only rounds, without a draft
+pass, are samples of the per-token term alone: their long verifies are what prices an offer)
+and t_plain(bs) the low median of the bucket's last PLAIN_WINDOW plain rounds (kept at most
+one per PLAIN_SPACING rounds, so a slow spell of consecutive plain rounds is a couple of the
+window's times), used once it has PLAIN_MIN; a speculating server runs a plain round (a
+calibration round) when its bucket has too few or stale (CAL_REFRESH rounds) plain times, at
+most one per CAL_MIN_GAP rounds (policy.py). Buckets: exact to 8, then 4 per octave.
 """
 
 from __future__ import annotations
@@ -100,7 +101,9 @@ def _solve(a: list[float], b: list[float]) -> tuple[list[float], list[float]]:
 @dataclass
 class BucketFit:
     """One bucket's posterior over (draft, per_token): forgotten sufficient statistics of the
-    samples (sum x x^T as [s00, s01, s11], sum x y) plus a prior added at read time."""
+    samples (sum x x^T as [s00, s01, s11], sum x y) plus a prior added at read time. A sample's
+    x is (h, L - 1), h = 1 for a round with a draft pass and 0 for an offer-only round (no
+    draft pass: prompt lookup's copies), which prices the same per-token verify."""
 
     prior: tuple[float, float]
     xx: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
@@ -118,26 +121,26 @@ class BucketFit:
         var = self.sq / self.sq_n
         return mean, [var * c for c in inv]
 
-    def predict(self, draft_len: int) -> tuple[float, float]:
+    def predict(self, draft_len: int, draft_pass: bool = True) -> tuple[float, float]:
         """(mean, sd) of the overhead cost(bs, L) - 1, the mean's terms floored at 0."""
         if draft_len <= 1:
             return 0.0, 0.0
         (d, v), c = self.posterior()
-        x = draft_len - 1
-        mean = max(d, 0.0) + max(v, 0.0) * x
-        return mean, math.sqrt(max(c[0] + 2 * c[1] * x + c[2] * x * x, 0.0))
+        h, x = float(draft_pass), draft_len - 1
+        mean = h * max(d, 0.0) + max(v, 0.0) * x
+        return mean, math.sqrt(max(h * c[0] + 2 * h * c[1] * x + c[2] * x * x, 0.0))
 
-    def add(self, draft_len: int, y: float) -> None:
+    def add(self, draft_len: int, y: float, draft_pass: bool = True) -> None:
         """A sample y = t / t_plain - 1 of a round verifying draft_len >= 2 tokens."""
-        mean, _ = self.predict(draft_len)
+        mean, _ = self.predict(draft_len, draft_pass)
         sd = math.sqrt(self.sq / self.sq_n)
         limit = max(OUTLIER * sd, OUTLIER_FLOOR)
         residual = min(max(y - mean, -limit), limit)
         y = mean + residual
-        x = float(draft_len - 1)
-        self.xx = [FORGET * self.xx[0] + 1.0, FORGET * self.xx[1] + x,
+        h, x = float(draft_pass), float(draft_len - 1)
+        self.xx = [FORGET * self.xx[0] + h, FORGET * self.xx[1] + h * x,
                    FORGET * self.xx[2] + x * x]
-        self.xy = [FORGET * self.xy[0] + y, FORGET * self.xy[1] + x * y]
+        self.xy = [FORGET * self.xy[0] + h * y, FORGET * self.xy[1] + x * y]
         self.n = FORGET * self.n + 1.0
         self.sq = FORGET * self.sq + residual * residual
         self.sq_n = FORGET * self.sq_n + 1.0
@@ -177,9 +180,10 @@ class OnlineCosts:
             got.prior = self._prior(bs)
         return got
 
-    def cost(self, bs: int, draft_len: int, z: float = 0.0) -> float:
-        """cost(bs, L) in plain rounds: the fit's mean, plus z sd (z = Z: the upper bound)."""
-        mean, sd = self.fit(bs).predict(draft_len)
+    def cost(self, bs: int, draft_len: int, z: float = 0.0, draft_pass: bool = True) -> float:
+        """cost(bs, L) in plain rounds: the fit's mean, plus z sd (z = Z: the upper bound);
+        `draft_pass` False: an offer-only round's (no draft pass)."""
+        mean, sd = self.fit(bs).predict(draft_len, draft_pass)
         return 1.0 + max(mean + z * sd, 0.0) if draft_len > 1 else 1.0
 
     def learned(self, bs: int) -> tuple[float, float, float]:
@@ -207,8 +211,9 @@ class OnlineCosts:
             return None
         return statistics.median_low(times)
 
-    def observe(self, bs: int, draft_len: int, seconds: float) -> None:
-        """A round of bs requests verifying draft_len tokens took `seconds` (start to start)."""
+    def observe(self, bs: int, draft_len: int, seconds: float, draft_pass: bool = True) -> None:
+        """A round of bs requests verifying draft_len tokens took `seconds` (start to start);
+        `draft_pass` False: an offer-only round."""
         self.rounds += 1
         bucket = bs_bucket(bs)
         if draft_len <= 1:
@@ -220,7 +225,7 @@ class OnlineCosts:
         if plain is not None and plain > 0.0 and math.isfinite(seconds):
             if bucket not in self.fits:
                 self.fits[bucket] = BucketFit(self._prior(bs))
-            self.fits[bucket].add(draft_len, seconds / plain - 1.0)
+            self.fits[bucket].add(draft_len, seconds / plain - 1.0, draft_pass)
 
     def needs_plain(self, bs: int) -> bool:
         """Whether a speculating server should time a plain round at this batch size: rounds

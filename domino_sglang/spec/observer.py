@@ -102,8 +102,6 @@ class RoundObserver:
                 voters = [v and not f for v, f in zip(voters, found)]
             if plan.draft_pass:
                 self.policy.observe([a for a, v in zip(lens_host, voters) if v], length)
-        # the cost profile prices rounds with a draft pass (or plain ones): copy-only rounds are
-        # logged (debug) but not timed
         self.metrics.record_kind(plan.kind)
         kind = plan.kind + ("+offers" if plan.asked else "")
         context = (int(batch.seq_lens_cpu.sum()) // bs if batch.seq_lens_cpu is not None
@@ -127,9 +125,10 @@ class RoundObserver:
                              "%.2f) k %.2f alpha %.2f", kind, bs, length, context,
                              1e3 * (now - started), 1e3 * spans[0], 1e3 * spans[1],
                              calibration.scale(bs) if calibration else 1.0, self.policy.stats.alpha)
-            if not kind.startswith("copy"):
-                self.policy.observe_time(bs, length, self.agree.seconds(now - started))
-                self.report_cost_scale(bs, now)
+            # offer-only ("copy") rounds price the per-token verify alone (costs.py)
+            self.policy.observe_time(bs, length, self.agree.seconds(now - started),
+                                     draft_pass=not kind.startswith("copy"))
+            self.report_cost_scale(bs, now)
         return now
 
     def report_cost_scale(self, bs: int, now: float) -> None:

@@ -302,13 +302,21 @@ class SpeculationPolicy:
         "Offered drafts"); the whole offer with the policy off."""
         if not self.enabled:
             return 1 + longest
-        _, per_token = self.learned(bs)
         alpha = self.offer_stats(name).alpha
         for draft_len in range(1 + longest, 1, -1):  # the longest chain that still pays
-            if expected_tokens(alpha, draft_len) / (1.0 + per_token * (draft_len - 1)) > (
-                    1.0 + MARGIN):
+            if expected_tokens(alpha, draft_len) / self.offer_cost(bs, draft_len) > 1.0 + MARGIN:
                 return draft_len
         return 1
+
+    def offer_cost(self, bs: int, draft_len: int) -> float:
+        """cost(bs, L) of an offer-only round (no draft pass), in plain rounds: learned from
+        the bucket's own rounds, offer-only ones included, at the costs' upper bound (the
+        floor's doubt: a bucket that never verified so long a chain is priced cautiously);
+        the fixed costs' per-token term with calibration off."""
+        if self.calibration is None:
+            _, per_token = self.learned(bs)
+            return 1.0 + per_token * (draft_len - 1)
+        return self.calibration.cost(bs, draft_len, Z_COST, draft_pass=False)
 
     def learned(self, bs: int) -> tuple[float, float]:
         """(draft, per_token) overhead of a speculative round at bs, in plain rounds: learned
@@ -325,11 +333,13 @@ class SpeculationPolicy:
             self.offer_stats(name).update(sum(a1 - 1 for a1 in accept_lens),
                                           sum(min(a1, draft_len - 1) for a1 in accept_lens))
 
-    def observe_time(self, bs: int, draft_len: int, seconds: float) -> None:
+    def observe_time(self, bs: int, draft_len: int, seconds: float,
+                     draft_pass: bool = True) -> None:
         """A round of bs requests verifying draft_len tokens took `seconds`, from its start to
-        the next round's start (the worker drops a round followed by a prefill)."""
+        the next round's start (the worker drops a round followed by a prefill); `draft_pass`
+        False: an offer-only round."""
         if self.calibration is not None and self.enabled and self.pinned is None:
-            self.calibration.observe(bs, draft_len, seconds)
+            self.calibration.observe(bs, draft_len, seconds, draft_pass)
 
     def observe(self, accept_lens: list[int], draft_len: int) -> None:
         """accept_lens: a + 1 per request of a round that verified draft_len tokens."""

@@ -25,7 +25,7 @@ Why every rank takes the same decisions: each input to a decision is whole on ev
 generator seeded alike on every rank and drawn in the same order, as SGLang's own sampling at
 TP > 1 assumes), except one: the round's wall time, from which the adaptive policy learns its
 costs (costs.py) and so chooses L. `RankAgreement.seconds` hands every rank rank 0's time
-(one host broadcast over the TP group's CPU group per timed round), so the policies of all
+(one broadcast of one float over the TP group's CPU group per timed round), so the policies of all
 ranks hold the same state and choose the same L; without it ranks would verify different
 lengths and deadlock in the target's collectives (tests/spec/test_tp.py plants such a difference).
 The start-up's decisions take the group's view the same way (`RankAgreement.least`: the group's
@@ -118,6 +118,17 @@ def pooled_logits(local_linear: Callable[[torch.Tensor], torch.Tensor], real_row
     return linear
 
 
+def group_first(group=None) -> Callable[[float], float]:
+    """Rank 0's value of a float each rank measured, on every rank of `group` (a CPU process
+    group, gloo; None: the default one): one broadcast of one float64 on the host, no
+    pickling."""
+    def first(value: float) -> float:
+        t = torch.tensor([float(value)], dtype=torch.float64)
+        torch.distributed.broadcast(t, group=group, group_src=0)
+        return float(t.item())
+    return first
+
+
 def group_minimum(group=None) -> Callable[[int], int]:
     """The minimum over the ranks of `group` (a torch.distributed process group; None: the
     default one) of an int each rank measured: one all-reduce of one int64 on the host (the
@@ -132,12 +143,12 @@ def group_minimum(group=None) -> Callable[[int], int]:
 
 class RankAgreement:
     """One value on every rank for what a rank measures or draws itself (module docstring).
-    `broadcast(obj) -> obj`: the TP group's object broadcast from rank 0; `minimum(int) -> int`:
+    `broadcast(float) -> float`: rank 0's value (group_first); `minimum(int) -> int`:
     the group's minimum; `verdict(values, sampled) -> values`: rank 0's verdict tensor on every
     rank (SGLang's SpecTpSync), None where SGLang's switch leaves verdicts to the ranks. All
     None at N = 1 (identity)."""
 
-    def __init__(self, broadcast: Callable[[object], object] | None = None,
+    def __init__(self, broadcast: Callable[[float], float] | None = None,
                  minimum: Callable[[int], int] | None = None,
                  verdict: Callable[[torch.Tensor, bool], torch.Tensor] | None = None):
         self.broadcast, self.minimum, self.verdict = broadcast, minimum, verdict

@@ -241,3 +241,34 @@ def test_the_policy_chooses_among_the_captured_widths(bs, alpha):
     tail = chosen[300:]
     rate = sum(expected_tokens(alpha, n) for n in tail) / sum(GPU(bs, n) for n in tail)
     assert rate >= 0.93 * best, (rate, best)
+
+
+def test_offer_only_rounds_price_their_own_long_verifies():
+    """An offer-only round (prompt lookup's copies, no draft pass) is timed as a sample of the
+    per-token term: where its long verifies cost far more than the prior says (a CPU at bs 2:
+    a 16-token verify ~3.5 plain rounds), the offers it pays for get shorter; untimed, they
+    stayed at the prior's price and verified the whole block at a loss."""
+    bs, truth_per_token = 2, 2.5 / 15  # cost(2, 16) = 3.5 plain rounds without a draft pass
+
+    def offer_rounds(timed: bool) -> list[int]:
+        policy = SpeculationPolicy(B, cost=NEUTRAL)
+        for _ in range(60):
+            policy.observe_offer("lookup", [3], B)  # 2 of 3 judged copies kept: alpha ~0.67
+        for _ in range(PLAIN_MIN * PLAIN_SPACING):  # the bucket's plain rounds
+            policy.observe_time(bs, 1, STEP)
+        chosen = []
+        for _ in range(40):
+            n = policy.offer_len("lookup", bs, B - 1)
+            chosen.append(n)
+            if timed and n > 1:
+                policy.observe_time(bs, n, STEP * (1 + truth_per_token * (n - 1)),
+                                    draft_pass=False)
+        return chosen
+
+    untimed, timed = offer_rounds(False), offer_rounds(True)
+    assert set(untimed) == {B}  # the prior's 0.04 per token: the whole block pays, always
+    alpha = 2 / 3
+    pays = [n for n in range(2, B + 1)
+            if expected_tokens(alpha, n) / (1 + truth_per_token * (n - 1)) > 1.02]
+    assert timed[0] == B and 1 < timed[-1] < B  # learned from its own rounds
+    assert abs(timed[-1] - max(pays)) <= 2, (timed, max(pays))

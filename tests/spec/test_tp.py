@@ -27,7 +27,13 @@ from domino_sglang.model.shard import Shard
 from domino_sglang.spec.policy import SpeculationPolicy
 from domino_sglang.spec.rollout import HeadParams, greedy_rollout, sampled_rollout
 from domino_sglang.spec.sampling import SamplingRows
-from domino_sglang.spec.tp import RankAgreement, gathered_logits, pooled_logits, vocab_rows
+from domino_sglang.spec.tp import (
+    RankAgreement,
+    gathered_logits,
+    group_first,
+    pooled_logits,
+    vocab_rows,
+)
 
 WORLD = 2
 TARGET = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
@@ -207,7 +213,7 @@ def _policy_lengths(rank: int, agreed: bool, planted: float) -> list[int]:
     with probability 0.6 (the same coins on every rank: acceptance is computed from identical
     logits), round times measured locally. `planted`: how much slower rank 1 measures its
     speculative rounds (a rank-dependent input)."""
-    agree = RankAgreement(_broadcast if agreed else None)
+    agree = RankAgreement(group_first() if agreed else None)
     policy = SpeculationPolicy(block=8)
     coins = random.Random(0)
     lengths = []
@@ -223,12 +229,6 @@ def _policy_lengths(rank: int, agreed: bool, planted: float) -> list[int]:
         policy.observe([accepted + 1], draft_len)
         lengths.append(draft_len)
     return lengths
-
-
-def _broadcast(value: object) -> object:
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def test_ranks_choose_the_same_lengths_from_rank_0s_round_times():
