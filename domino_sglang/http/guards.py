@@ -24,8 +24,8 @@ behaves as stock SGLang. `--domino-request-guards off` turns off the request che
   its pydantic `mode="before"` validators); a `json_schema` whose `$ref` chain refers back to
   itself (its grammar accepts no token); `top_logprobs` (chat) or `logprobs` (completions)
   outside OpenAI's [0, 20]; `n` (and `/generate`'s `sampling_params.n`) above OpenAI's 128 (2**31
-  made the API process allocate until it died); on `/generate`, a `sampling_params` list whose
-  length is not the batch's (SGLang answers 500). Every other body passes through byte for byte.
+  made the API process allocate until it died); on `/generate`, a `sampling_params` list
+  shorter than the batch (SGLang answers 500). Every other body passes through byte for byte.
 - `top_logprobs_num` above the vocabulary and out-of-vocabulary `token_ids_logprob` on the
   native `/generate` route kill the scheduler too; refused with the prompt ids above.
 
@@ -207,9 +207,14 @@ def body_problem(path: str, body: bytes) -> str | None:
                     one["n"] is None or _too_many_samples(one["n"])):  # null: a 500 there
                 return f"sampling_params.n must be between 1 and {MAX_PARALLEL_SAMPLES}"
         batch = _batch_size(payload)
-        if isinstance(params, list) and batch is not None and len(params) != batch:
-            return (f"sampling_params is a list of {len(params)} but the batch has {batch} "
-                    "prompts: give one per prompt, or one object for all")
+        if isinstance(params, list) and batch is not None:
+            # SGLang reads entry i for prompt i, over the list repeated n times (parallel
+            # sampling): a shorter list fails there with a 500
+            first = params[0] if params and isinstance(params[0], dict) else {}
+            n = first.get("n", 1) if isinstance(first.get("n", 1), int) else 1
+            if len(params) * max(n, 1) < batch:
+                return (f"sampling_params is a list of {len(params)} but the batch has {batch} "
+                        "prompts: give one per prompt, or one object for all")
     if not path.startswith("/v1/"):
         return None
     if not isinstance(payload, dict):
@@ -239,8 +244,8 @@ def _batch_size(payload: dict) -> int | None:
     """The number of prompts of a batched `/generate` body (`text` a list, or `input_ids` a
     list of lists), None for a single prompt."""
     text, ids = payload.get("text"), payload.get("input_ids")
-    if isinstance(text, list):
-        return len(text)
+    if text is not None:  # SGLang reads `text` first, whatever `input_ids` holds
+        return len(text) if isinstance(text, list) else None
     if isinstance(ids, list) and ids and all(isinstance(i, list) for i in ids):
         return len(ids)
     return None

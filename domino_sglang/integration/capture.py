@@ -99,7 +99,10 @@ def capture_runtime(runtimes: dict, model_runner, width: int, what: str, device,
     (exact, slower; counted in domino_eager_rounds_total) and said, rather than refusing to
     start: these graphs are an optimisation. Decided for the TP group as one (tp.py): by its
     least free memory, and a capture counts only where it succeeded on every rank, so every
-    rank replays the same widths and meets the same collectives."""
+    rank replays the same widths and meets the same collectives. What agreement cannot undo:
+    a capture that fails on one rank after the others entered its collectives (its warm-up
+    forward) leaves them waiting there; the least-free-memory gate makes the likeliest cause,
+    running out of memory, unlikely."""
     before = agree.least(free_device_memory(device))
     if before is not None and before < workspace + RUNTIME_MIN_FREE:
         logger.warning("DOMINO: %.0f MB free: the %s CUDA graphs at width %d are not "

@@ -109,6 +109,7 @@ class BucketFit:
     xx: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     xy: list[float] = field(default_factory=lambda: [0.0, 0.0])
     n: float = 0.0  # effective samples
+    n_draft: float = 0.0  # ... of rounds with a draft pass (what the draft term is learned from)
     sq: float = NOISE_PRIOR ** 2 * NOISE_WEIGHT  # forgotten sum of squared residuals (+ prior)
     sq_n: float = NOISE_WEIGHT
 
@@ -142,6 +143,7 @@ class BucketFit:
                    FORGET * self.xx[2] + x * x]
         self.xy = [FORGET * self.xy[0] + h * y, FORGET * self.xy[1] + x * y]
         self.n = FORGET * self.n + 1.0
+        self.n_draft = FORGET * self.n_draft + h
         self.sq = FORGET * self.sq + residual * residual
         self.sq_n = FORGET * self.sq_n + 1.0
 
@@ -162,7 +164,7 @@ class OnlineCosts:
         d = self.prior.draft
         v = self.prior.slope_0 + self.prior.slope_per_req * bs
         learned = [(abs(b - bs_bucket(bs)), b) for b, f in self.fits.items()
-                   if f.n >= OWN_MIN and b != bs_bucket(bs)]
+                   if f.n_draft >= OWN_MIN and b != bs_bucket(bs)]
         if learned:
             (nd, nv), _ = self.fits[min(learned)[1]].posterior()
             d, v = max(d, nd), max(v, nv)
@@ -176,7 +178,7 @@ class OnlineCosts:
         got = self.fits.get(bucket)
         if got is None:
             return BucketFit(self._prior(bs))
-        if got.n < OWN_MIN:
+        if got.n_draft < OWN_MIN:
             got.prior = self._prior(bs)
         return got
 
@@ -193,10 +195,11 @@ class OnlineCosts:
         return max(d, 0.0), max(v, 0.0), fit.n
 
     def knows(self, bs: int) -> bool:
-        """Whether bs's bucket has learned from rounds of its own (else it is priced by the
-        prior or a neighbour)."""
+        """Whether bs's bucket has learned from speculative rounds of its own with a draft pass
+        (else it is priced by the prior or a neighbour; offer-only rounds teach the per-token
+        term alone)."""
         fit = self.fits.get(bs_bucket(bs))
-        return fit is not None and fit.n > 0.0
+        return fit is not None and fit.n_draft > 0.0
 
     def scale(self, bs: int) -> float:
         """k: the learned overhead of an L = 2 round at bs over the neutral prior's (1: as

@@ -293,13 +293,15 @@ class RolloutGraphs:
     def pool_bytes(self) -> int:
         """An estimate of the CUDA graph memory pool the start-up runners share (they never run
         at once, so the pool holds the largest one's intermediates): the base logits of the
-        largest bucket at the longest length in the weight's dtype and in float32 (base_logits),
+        largest bucket at the longest length, this rank's columns in the weight's dtype and
+        the whole row in float32 (base_logits; at TP > 1 gathered over every rank's columns),
         twice over for the rollout's temporaries of their size. Only a measurement on the
         device says more (benchmarks/gpu_check.py reports both)."""
         weight = self.head.lm_head_weight if self.head.vocab is None else self.head.vocab_lm_head
-        columns = weight.shape[0]  # V, or Vd over a draft vocabulary (this rank's rows at TP)
-        logits = max(self.buckets) * (max(self.lengths, default=2) - 1) * columns
-        return 2 * logits * (weight.dtype.itemsize + torch.float32.itemsize)
+        local = weight.shape[0]  # this rank's rows: V / N at TP > 1, or Vd
+        whole = self.head.vocab_size if self.head.vocab is None else local
+        rows = max(self.buckets) * (max(self.lengths, default=2) - 1)
+        return 2 * rows * (local * weight.dtype.itemsize + whole * torch.float32.itemsize)
 
     def _width(self, history: torch.Tensor | None) -> int:
         return 0 if history is None else history_width(history.shape[1])

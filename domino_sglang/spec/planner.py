@@ -63,6 +63,8 @@ class RoundPlanner:
         self._warned = False
 
     def plan(self, batch) -> RoundPlan:
+        for proposer in self.offering:  # what finished requests left behind goes every round
+            proposer.keep_only(batch.reqs)
         bs, seeds = len(batch.reqs), [r.sampling_params.sampling_seed for r in batch.reqs]
         # per row, not SamplingBatchInfo.is_all_greedy: filter_batch never recomputes that flag;
         # SGLang's own greedy test (top_k <= 1, what `top_ks` holds), read on the host

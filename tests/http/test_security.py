@@ -116,17 +116,21 @@ def test_parallel_samples_capped():
     assert body_problem("/v1/completions", b'{"n": 3}') is None
 
 
-def test_generate_sampling_params_list_matches_the_batch():
-    """A list of sampling_params one per prompt (text or token-id batches); SGLang answers 500
-    for any other length."""
+def test_generate_sampling_params_list_covers_the_batch():
+    """A list of sampling_params covers every prompt (text or token-id batches), repeated n
+    times for parallel sampling as SGLang reads it; SGLang answers 500 for a shorter one."""
     def problem(body: str):
         return body_problem("/generate", body.encode())
 
     assert "a list of 1 but the batch has 2 prompts" in problem(
         '{"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 2}]}')
-    assert "a list of 3 but the batch has 2 prompts" in problem(
-        '{"input_ids": [[1, 2], [3]], "sampling_params": [{}, {}, {}]}')
+    assert "a list of 2 but the batch has 3 prompts" in problem(
+        '{"input_ids": [[1, 2], [3], [4]], "sampling_params": [{}, {}]}')
+    assert "a list of 0 but" in problem('{"text": ["a"], "sampling_params": []}')
     for fine in ('{"text": ["a", "b"], "sampling_params": [{}, {}]}',
+                 '{"text": ["a", "b"], "sampling_params": [{}, {}, {}]}',  # extra: ignored
+                 '{"text": ["a", "b"], "sampling_params": [{"n": 2}]}',  # read over n
+                 '{"text": "a", "input_ids": [[1], [2]], "sampling_params": [{}]}',
                  '{"text": ["a", "b"], "sampling_params": {"max_new_tokens": 2}}',
                  '{"input_ids": [1, 2], "sampling_params": {}}',
                  '{"text": "a", "sampling_params": {"temperature": 0}}'):

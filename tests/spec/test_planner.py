@@ -192,3 +192,17 @@ def test_a_sampled_round_knows_on_the_host_whether_top_k_bounds_its_filters():
     assert plan(batch(req(NEW, top_k=TOP_K_BOUND))).top_k_bounded
     assert not plan(batch(req(NEW, top_k=20), req(NEW, top_k=1 << 30, rid="o"))).top_k_bounded
     assert not plan(batch(req(NEW, top_k=1))).top_k_bounded  # greedy: nothing sampled
+
+
+def test_every_round_drops_what_finished_requests_left_in_the_proposers():
+    """A plain round that asks no proposer still has prompt lookup forget the indexes of
+    requests that left the batch (keep_only, every round): under load, where offers do not pay
+    and nothing is asked, finished requests' histories are not held."""
+    policy = StubPolicy(length=4)
+    pl = planner(policy)
+    pl.plan(batch(req(REPEAT, rid="a"), req(NEW, rid="b")))  # a draft round: both indexed
+    lookup = pl.offering[0]
+    assert set(lookup.indexes) == {"a", "b"}
+    policy.length, policy.copy_len = 1, 1  # plain, and offers never pay: nothing asked
+    plan = pl.plan(batch(req(REPEAT, rid="a")))
+    assert not plan.asked and set(lookup.indexes) == {"a"}

@@ -272,3 +272,20 @@ def test_offer_only_rounds_price_their_own_long_verifies():
             if expected_tokens(alpha, n) / (1 + truth_per_token * (n - 1)) > 1.02]
     assert timed[0] == B and 1 < timed[-1] < B  # learned from its own rounds
     assert abs(timed[-1] - max(pays)) <= 2, (timed, max(pays))
+
+
+def test_offer_only_rounds_teach_the_per_token_term_alone():
+    """A bucket that timed only offer-only rounds still prices the draft pass by its prior: it
+    does not count as knowing its costs (the drafter's longest L stays PROBE_LEN), nor prices
+    its neighbours."""
+    costs = OnlineCosts(prior=NEUTRAL)
+    for _ in range(PLAIN_MIN * PLAIN_SPACING):
+        costs.observe(4, 1, STEP)
+    for _ in range(20):
+        costs.observe(4, 16, STEP * 3.0, draft_pass=False)
+    draft, per_token, _ = costs.learned(4)
+    assert not costs.knows(4) and draft == pytest.approx(NEUTRAL.draft, abs=1e-9)
+    assert per_token == pytest.approx(2.0 / 15, rel=0.05)  # learned from the offers
+    assert costs.fit(5).prior == (NEUTRAL.draft, NEUTRAL.slope_0)  # not a neighbour's
+    costs.observe(4, 2, STEP * 1.5)  # one round with a draft pass
+    assert costs.knows(4)

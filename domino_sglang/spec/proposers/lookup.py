@@ -226,7 +226,7 @@ class PromptLookup(OfferingProposer):
         self.block_size, self.mask_token_id, self.device = block_size, mask_token_id, device
         self.indexes: dict[str, LookupIndex] = {}  # request id -> its index
 
-    def _keep_only(self, reqs) -> None:
+    def keep_only(self, reqs) -> None:
         """Drop the indexes of requests no longer in the batch."""
         running = {r.rid for r in reqs}
         if not self.indexes.keys() <= running:
@@ -243,7 +243,7 @@ class PromptLookup(OfferingProposer):
     def may_cover(self, batch, capped: list[bool] | None) -> bool:
         """Whether every request not capped has a draft (its index, request by request until
         one has none)."""
-        self._keep_only(batch.reqs)
+        self.keep_only(batch.reqs)
         skip = [False] * len(batch.reqs) if capped is None else capped
         return all(s or self._index(r).find()[1] > 0 for s, r in zip(skip, batch.reqs))
 
@@ -256,7 +256,7 @@ class PromptLookup(OfferingProposer):
         either: checked on the device, where x_t is (its row drafts the mask token then, still
         exact)."""
         n, mask = self.block_size - 1, self.mask_token_id
-        self._keep_only(batch.reqs)
+        self.keep_only(batch.reqs)
         skip = capped or [False] * len(batch.reqs)
         # per row: drafts (mask-padded to n), found, the history's last token
         packed, longest = [], 0

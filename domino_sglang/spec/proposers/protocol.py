@@ -78,6 +78,10 @@ class OfferingProposer:
     def __init__(self, vocab_size: int):
         self.vocab_size = vocab_size  # V, the size of its one-hot q
 
+    def keep_only(self, reqs) -> None:
+        """Forget what it keeps for requests not in `reqs` (the round's batch; asked every
+        round, offers or not). Nothing by default."""
+
     def may_cover(self, batch, capped: list[bool] | None) -> bool:
         """Whether every request not `capped` might get an offer this round, asked on the host
         before a plain round offers (so a plain round under load pays for no search whose
