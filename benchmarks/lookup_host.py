@@ -36,6 +36,7 @@ from types import SimpleNamespace
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests/harness
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 
@@ -43,8 +44,8 @@ from domino_sglang.spec.proposers.lookup import (  # noqa: E402
     MIN_MATCH,
     LookupIndex,
     PromptLookup,
-    lookup_batch,
 )
+from tests.harness.lookup_reference import lookup_batch  # noqa: E402  (the rule, whole histories)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOKEN_IDS = 151_936  # a Qwen-sized id space: most ids are not Python's cached small ints

@@ -139,9 +139,16 @@ def main() -> None:
             for c in args.concurrency:
                 seen = len(log.read_text().splitlines()) if log.exists() else 0
                 point = run_point(server.url, mixed_prompts(2 * c), c, args.max_tokens)
-                rounds = [json.loads(x) for x in log.read_text().splitlines()[seen:]]
-                results[(method, c)] = {"point": point, "kinds": summarise(rounds, c),
-                                        "rounds": len(rounds)}
+                records = [json.loads(x) for x in log.read_text().splitlines()[seen:]]
+                rounds = [r for r in records if not r.get("prefill")]
+                prefills = [r for r in records if r.get("prefill")]
+                results[(method, c)] = {
+                    "point": point, "kinds": summarise(rounds, c), "rounds": len(rounds),
+                    "decode_ms": sum(r["round_ms"] + (r["gap_ms"] or 0.0) for r in rounds
+                                     if not r["counting"]),
+                    "timed_rounds": sum(not r["counting"] for r in rounds),
+                    "prefills": len(prefills), "prefill_ms": sum(r["ms"] for r in prefills),
+                    "prefill_tokens": sum(r["tokens"] for r in prefills)}
         finally:
             server.stop()
     lines = ["## Where a served round's time goes (CPU)", "", provenance.markdown_header(prov),
@@ -154,7 +161,11 @@ def main() -> None:
         point = res["point"]
         per_round = 1e3 * point["wall_s"] / max(res["rounds"], 1)
         lines += [f"### {method}, c = {c} ({point['output_tok_s']} tok/s; client: "
-                  f"{per_round:.1f} ms per round end to end, {res['rounds']} rounds)", ""]
+                  f"{per_round:.1f} ms per round end to end, {res['rounds']} rounds)", "",
+                  f"In the scheduler: {res['prefills']} prefills of {res['prefill_tokens']} "
+                  f"tokens in all, {res['prefill_ms']:.0f} ms; decode rounds at any batch size "
+                  f"{res['decode_ms'] / max(res['timed_rounds'], 1):.1f} ms each with the gap "
+                  f"before them (timed rounds only: {res['timed_rounds']}).", ""]
         for kind, k in res["kinds"].items():
             total = sum(k["ms"].values())
             lines += [f"{kind} rounds at bs {c} ({k['rounds']}, median L {k['L']:g}): "

@@ -78,9 +78,9 @@ def round_wrapper(fn, describe):
     def wrapped(self, batch, *args, **kwargs):
         nonlocal count_mode
         if not describe.applies(batch):
-            out = fn(self, batch, *args, **kwargs)
-            R.last_end = None  # a prefill ran: the next round's gap is not the scheduler's own
-            return out
+            if batch is None or not batch.forward_mode.is_extend():
+                return fn(self, batch, *args, **kwargs)
+            return timed_prefill(fn, batch, self, batch, *args, **kwargs)
         R.n += 1
         start = time.perf_counter()
         gap = None if R.last_end is None else (start - R.last_end) * 1e3
@@ -112,13 +112,25 @@ def round_wrapper(fn, describe):
     return wrapped
 
 
+def timed_prefill(fn, batch, *args, **kwargs):
+    """A prefill between two decode rounds, timed (one "prefill" line: ms, new tokens); the gap
+    before the next round is not the scheduler's own."""
+    start = time.perf_counter()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        end = time.perf_counter()
+        R.last_end = None
+        if R.n > SKIP:
+            with open(OUT, "a") as f:
+                f.write(json.dumps({"prefill": True, "ms": (end - start) * 1e3,
+                                    "tokens": int(sum(batch.extend_lens))}) + "\n")
+
+
 def after_prefill(fn):
-    """A prefill between two decode rounds: the gap before the next round is not counted."""
-    def wrapped(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            R.last_end = None
+    """The DOMINO worker's prefill, timed as timed_prefill."""
+    def wrapped(self, batch, *args, **kwargs):
+        return timed_prefill(fn, batch, self, batch, *args, **kwargs)
 
     return wrapped
 

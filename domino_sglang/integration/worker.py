@@ -298,7 +298,7 @@ class DominoWorker(BaseSpecWorker):
         # rank 0's on every TP rank where SGLang's SGLANG_SPEC_TP_SYNC asks it (tp.py)
         tokens, accept_lens, judged = self.parts.agree.same_verdict(tokens, accept_lens, judged,
                                                                     plan.sampled)
-        if plan.capped is not None:
+        if plan.capped is not None and plan.length > 1:  # a plain round commits one anyway
             accept_lens = torch.where(plan.capped, torch.ones_like(accept_lens), accept_lens)
         return Verdict(tokens, accept_lens, judged, target_choice)
 

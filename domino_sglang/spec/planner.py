@@ -68,7 +68,8 @@ class RoundPlanner:
         bs, seeds = len(batch.reqs), [r.sampling_params.sampling_seed for r in batch.reqs]
         # per row, not SamplingBatchInfo.is_all_greedy: filter_batch never recomputes that flag;
         # SGLang's own greedy test (top_k <= 1, what `top_ks` holds), read on the host
-        greedy_host = [r.sampling_params.top_k <= 1 for r in batch.reqs]
+        top_ks = [r.sampling_params.top_k for r in batch.reqs]
+        greedy_host = [k <= 1 for k in top_ks]
         capped_host = self.one_token_flags(batch)  # [bs] bool: commit one token this round
         capped = (None if capped_host is None  # the one host-to-device copy, only if any
                   else torch.tensor(capped_host, device=self.device))
@@ -99,7 +100,7 @@ class RoundPlanner:
             offers, offer_only = {}, False
         length = width_for(length, self.widths)  # 6: at a captured width
         sampled = not all(greedy_host)
-        bounded = sampled and all(r.sampling_params.top_k <= TOP_K_BOUND for r in batch.reqs)
+        bounded = sampled and all(k <= TOP_K_BOUND for k in top_ks)
         return RoundPlan(length=length, draft_pass=length > 1 and not offer_only, offers=offers,
                          capped_host=capped_host, capped=capped, sampled=sampled,
                          seeds=seeds, asked=asked, top_k_bounded=bounded)

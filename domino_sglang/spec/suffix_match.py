@@ -13,7 +13,8 @@ which occurrence of the longest match they copy from and how much:
     `pointer.device_candidates` on the device, from `suffix_matches`);
   - prompt lookup (lookup.py) takes up to B-1 tokens, after the last occurrence followed by that
     many known tokens, else the first (n >= 2; `lookup.LookupIndex` on the host, incremental;
-    `lookup.lookup_batch`, from `suffix_matches`, the batched statement it is tested against).
+    tests/harness/lookup_reference.py's `lookup_batch`, from `suffix_matches`, the batched
+    statement it is tested against).
 `suffix_matches` is the one batched implementation of match(e); `copy_candidate` the direct
 scan that is the reference of the pointer's rule in the tests (and benchmarks/copy_gate.py).
 Depends on torch only.

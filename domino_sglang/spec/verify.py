@@ -54,6 +54,8 @@ def verify_greedy(chain: torch.Tensor, target_choice: torch.Tensor
     Returns (tokens [bs, B], accept_len [bs]): tokens[:, :accept_len] are the committed tokens
     (d_1..d_a followed by the bonus y_a); the rest of each row is padding (the target's choices).
     """
+    if chain.shape[1] == 1:  # a plain round: nothing drafted, the target's token committed
+        return target_choice, torch.ones_like(target_choice[:, 0])
     # match[k] = (d_{k+1} == y_k) for k < B-1; the accepted count a is the length of the all-true
     # prefix, computed without host sync as the sum of the running product.
     match = (chain[:, 1:] == target_choice[:, :-1]).to(torch.int32)  # [bs, B-1]

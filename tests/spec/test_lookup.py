@@ -8,12 +8,8 @@ from types import SimpleNamespace
 
 import torch
 
-from domino_sglang.spec.proposers.lookup import (
-    LookupIndex,
-    PromptLookup,
-    lookup_batch,
-    lookup_draft,
-)
+from domino_sglang.spec.proposers.lookup import LookupIndex, PromptLookup
+from tests.harness.lookup_reference import lookup_batch, lookup_draft
 
 
 def scan(history: list[int], max_tokens: int, min_match: int = 2, max_match: int = 12
@@ -190,8 +186,8 @@ def old_offer(reqs, bonus: list[int], capped: list[bool], n: int, mask: int):
 def test_prompt_lookup_offers_what_the_batched_lookup_found_over_rounds():
     """Requests commit a few tokens a round, some leave and others join, some are capped, one
     row's recorded output does not end in its bonus token: every round's offer (and may_cover)
-    is what the batched lookup over the rebuilt histories gave, and the indexes kept are those
-    of the batch's requests."""
+    is what the batched lookup over the rebuilt histories gave, and the indexes kept after the
+    planner's keep_only are those of the batch's requests."""
     B, mask = 6, 1  # the mask token is also a token of the histories
     lookup = PromptLookup(B, mask, "cpu", 16)
     rng = random.Random(3)
@@ -219,6 +215,7 @@ def test_prompt_lookup_offers_what_the_batched_lookup_found_over_rounds():
         batch = SimpleNamespace(reqs=reqs)
         want = old_offer(reqs, bonus, capped, B - 1, mask)
         covers = want is not None and all(c or f for c, f in zip(capped, want[0]))
+        lookup.keep_only(reqs)  # as the planner asks every round
         assert lookup.may_cover(batch, capped) == covers
         got = lookup.offer(batch, torch.tensor(bonus), capped)
         assert (got is None) == (want is None)

