@@ -222,39 +222,46 @@ def check_draft(kind, conf, drafter, head, dims, bs, device, dtype, graphs: bool
 
 
 def check_rollout_graphs(conf, drafter, head, dims, device, dtype, graphs: bool) -> list[dict]:
-    """The worker's own head-rollout runners (graphs.RolloutGraphs, pointer copy path on):
-    captured replay == the same static buffers run eagerly (exact: this is the capture check),
-    greedy and sampled, at a full bucket and a padded batch; the share of drafts equal to the
-    unpadded dynamic rollout (padding changes the GEMMs' row count, so low bits may move);
-    the time of one L = B rollout, replayed vs dynamic."""
+    """The worker's own head-rollout runners (graphs.RolloutGraphs, pointer copy path on),
+    built at start-up (capture_startup: captured on CUDA): replay == the same static buffers run
+    eagerly (exact: this is the capture check), greedy and sampled, at a full bucket and a
+    padded batch, and top-k bounded sampled rows at bucket 32 (q kept as its support: graphs
+    above bucket 16); the share of drafts equal to the unpadded dynamic rollout (padding
+    changes the GEMMs' row count, so low bits may move); the time of one L = B rollout,
+    replayed vs dynamic."""
     from domino_sglang.spec.graphs import RolloutGraphs
     from domino_sglang.spec.pointer import DevicePointerCopy
     from domino_sglang.spec.rollout import greedy_rollout, sampled_rollout
-    from domino_sglang.spec.sampling import RoundUniforms, SamplingRows
+    from domino_sglang.spec.sampling import RoundUniforms, SamplingRows, SparseQ
 
     block, hidden, cap = dims["block"], dims["hidden"], dims["history"]
+    short = max(2, block // 3)
     make = lambda capture: RolloutGraphs(  # noqa: E731
         head, block, hidden, dtype, device, candidate_pool=dims["pool"], use_head=True,
         temperature_scale=0.6, copy_gate=drafter.copy_gate, history_cap=cap, capture=capture,
-        buckets=(1, 2, 4, 8))
+        buckets=(1, 2, 4, 8, 32), lengths=(short, block))
     replayed, eager = make(graphs), make(False)
+    replayed.capture_startup()
 
     def dynamic(z, bonus, history, lens):
         copy = DevicePointerCopy(drafter.copy_gate, history, lens, z.shape[1] - 1)
         return greedy_rollout(z, bonus, head, dims["pool"], return_base_pick=True, copy=copy)
 
     rows_out = []
-    for bs, length in ((8, block), (3, block), (5, max(2, block // 3))):
+    for bs, length, bounded in ((8, block, False), (3, block, False), (5, short, False),
+                                (20, block, True)):
         inputs = round_inputs(dims, conf, bs, device, dtype, seed=10 + bs)
         g = torch.Generator(device="cpu").manual_seed(bs)
         z = torch.randn(bs, length, hidden, generator=g).to(device, dtype)
         history, lens, bonus = inputs["history"], inputs["lens"], inputs["bonus"]
         ones = torch.ones(bs, device=device)
-        rows = SamplingRows(temperature=0.8 * ones, top_k=torch.full_like(lens, 1 << 30),
-                            top_p=ones, min_p=0 * ones, seed=inputs["seed"], need_sort=False,
-                            need_min_p=False, has_greedy=False)
+        top_k = torch.full_like(lens, 20 if bounded else 1 << 30)  # Qwen3's default: 20
+        rows = SamplingRows(temperature=0.8 * ones, top_k=top_k, top_p=0.95 * ones if bounded
+                            else ones, min_p=0 * ones, seed=inputs["seed"], need_sort=bounded,
+                            need_min_p=False, has_greedy=False, top_k_bounded=bounded)
         u = RoundUniforms.for_round(rows.seed, inputs["prefix"], length).draft
-        row = {"bs": bs, "L": length, "graph": graphs}
+        row = {"bs": bs, "L": length, "graph": graphs, "top_k_bounded": bounded,
+               "replayed": replayed.round_shape(bs, length, history, rows, False)[1]}
         with torch.no_grad():
             a, b = replayed.greedy(z, bonus, history, lens), eager.greedy(z, bonus, history, lens)
             row["greedy_equal"] = all(torch.equal(x, y) for x, y in zip(a, b))
@@ -262,6 +269,9 @@ def check_rollout_graphs(conf, drafter, head, dims, device, dtype, graphs: bool)
             row["greedy_same_as_dynamic"] = float((a[0] == want[0]).float().mean())
             (da, qa), (db, qb) = (replayed.sampled(z, bonus, rows, u, None, history, lens),
                                   eager.sampled(z, bonus, rows, u, None, history, lens))
+            row["q_sparse"] = isinstance(qa, SparseQ)
+            if row["q_sparse"]:
+                qa, qb = qa.dense(), qb.dense()
             row["sampled_equal"] = bool(torch.equal(da, db)) and close(qa, qb, dtype)[0]
             dw, _ = sampled_rollout(z, bonus, head, rows, u, dims["pool"], temperature_scale=0.6,
                                     copy=DevicePointerCopy(drafter.copy_gate, history, lens,
@@ -402,9 +412,11 @@ def check_verify(dims, device, bs: int) -> dict:
 def check_sampled_rounds(dims, device) -> list[dict]:
     """A sampled verify at each batch size of SAMPLED_BATCHES (Qwen3's sampling defaults:
     T 0.6, top-k 20, top-p 0.95, every row): top-k / top-p over the whole sorted vocabulary
-    against over the TOP_K_BOUND most likely tokens (SamplingRows.top_k_bounded): the same
-    tokens, each one's peak device memory above its inputs (CUDA) and time."""
-    from domino_sglang.spec.sampling import RoundUniforms, SamplingRows
+    against over the TOP_K_BOUND most likely tokens (SamplingRows.top_k_bounded), and the
+    latter with q kept as its support (SparseQ, as the rollout graphs keep it for such rows):
+    the same tokens, each one's peak device memory above its inputs (CUDA) and time, and the
+    bytes of q dense and as its support."""
+    from domino_sglang.spec.sampling import TOP_K_BOUND, RoundUniforms, SamplingRows, SparseQ
     from domino_sglang.spec.verify import verify_mixed
 
     b, v = dims["block"], dims["vocab"]
@@ -412,30 +424,37 @@ def check_sampled_rounds(dims, device) -> list[dict]:
     for bs in dims["sampled_batches"]:
         g = torch.Generator().manual_seed(bs)
         logits = (3 * torch.randn(bs, b, v, generator=g)).to(device)
-        q = torch.softmax(3 * torch.randn(bs, b - 1, v, generator=g), dim=-1).to(device)
+        q = torch.softmax(3 * torch.randn(bs, b - 1, v, generator=g), dim=-1)
+        top = q.topk(20, dim=-1)  # a draft's q after top-k 20: its support, 20 tokens
+        q = torch.zeros_like(q).scatter_(-1, top.indices, top.values)
+        q = (q / q.sum(-1, keepdim=True)).to(device)
+        probs, ids = q.topk(min(TOP_K_BOUND + 1, v), dim=-1)
+        sparse = SparseQ(ids, probs, v)
+        row_q = {"q_dense_bytes": q.nbytes, "q_sparse_bytes": ids.nbytes + probs.nbytes}
         chain = torch.randint(0, v, (bs, b), generator=g).to(device)
         full = partial(lambda n, x, dt: torch.full((n,), x, dtype=dt, device=device), bs)
-        row = {"bs": bs}
+        row = {"bs": bs, **row_q}
         tokens = {}
-        for bounded in (False, True):
+        for bounded, q_kept in ((False, q), (True, q), (True, sparse)):
             rows = SamplingRows(full(0.6, torch.float32), full(20, torch.int64),
                                 full(0.95, torch.float32), full(0.0, torch.float32),
                                 torch.arange(bs, device=device), need_sort=True,
                                 need_min_p=False, has_greedy=True, top_k_bounded=bounded)
             u = RoundUniforms.for_round(rows.seed, full(100, torch.int64), b)
-            name = "bounded" if bounded else "sort"
+            name = ("sparse_q" if q_kept is sparse else "bounded") if bounded else "sort"
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
                 torch.cuda.reset_peak_memory_stats(device)
                 base = torch.cuda.memory_allocated(device)
-            tokens[name] = [t.cpu() for t in verify_mixed(chain, logits, q, rows, u)]
+            tokens[name] = [t.cpu() for t in verify_mixed(chain, logits, q_kept, rows, u)]
             if device.type == "cuda":
                 row[f"{name}_peak_bytes"] = torch.cuda.max_memory_allocated(device) - base
             row[f"{name}_ms"] = round(1e3 * timed(
-                partial(verify_mixed, chain, logits, q, rows, u), dims["repeats"], device), 3)
-        row["equal"] = all(torch.equal(a, c) for a, c in zip(tokens["sort"], tokens["bounded"]))
+                partial(verify_mixed, chain, logits, q_kept, rows, u), dims["repeats"], device), 3)
+        row["equal"] = all(torch.equal(a, c) for name in ("bounded", "sparse_q")
+                           for a, c in zip(tokens["sort"], tokens[name]))
         out.append(row)
-        del logits, q
+        del logits, q, sparse
     return out
 
 
@@ -570,7 +589,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"train: {result['train']}", flush=True)
     result["seconds"] = round(time.perf_counter() - started, 1)
     ok = (all(r["equal"] for r in result["draft"])
-          and all(r["greedy_equal"] and r["sampled_equal"] for r in result["rollout_graphs"])
+          and all(r["greedy_equal"] and r["sampled_equal"] and r["replayed"]
+                  and r["q_sparse"] == r["top_k_bounded"] for r in result["rollout_graphs"])
           and all(r["greedy_equal_cpu"] for r in result["verify"])
           and result["copy_index"]["equal_copy_table"]
           and result["startup"]["ok"] and result["draft_widths"]["ok"]

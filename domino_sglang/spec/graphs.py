@@ -34,7 +34,7 @@ import torch
 
 from domino_sglang.spec.pointer import DevicePointerCopy
 from domino_sglang.spec.rollout import HeadParams, greedy_rollout, sampled_rollout
-from domino_sglang.spec.sampling import SamplingRows
+from domino_sglang.spec.sampling import TOP_K_BOUND, SamplingRows, SparseQ
 
 # Batch-size buckets where SGLang's own capture list is not at hand (unit tests, gpu_check.py):
 # its default sizes start 1, 2, 4, 8, then every 8; a batch runs in the smallest bucket holding it
@@ -116,9 +116,18 @@ class StaticRunner:
         return self.outputs
 
 
-# The sampled rollout's q [bucket, B-1, V] float32 is one buffer per bucket (q of bucket 64 at
-# Qwen3's 152k vocabulary would be 583 MB); larger sampled batches roll out eagerly.
+# The sampled rollout's dense q [bucket, B-1, V] float32 is one buffer per bucket (q of bucket
+# 64 at Qwen3's 152k vocabulary would be 583 MB): kept up to this bucket; larger batches whose
+# rows are not all top-k bounded roll out eagerly. Bounded rows (every top_k <= TOP_K_BOUND, as
+# Qwen3's defaults) keep q as its support at every bucket (sparse_width entries a position).
 SAMPLED_MAX_BUCKET = 16
+
+
+def sparse_width(candidate_pool: int) -> int:
+    """S, the support a position's q keeps for top-k bounded rows: at most TOP_K_BOUND tokens
+    pass their top-k (at position 0, or over the whole vocabulary without a pool), the pool's K
+    at the others, plus a pointer drafter's copy candidate."""
+    return max(TOP_K_BOUND, candidate_pool) + 1
 # A pointer drafter's history buffer widths (tokens): the copy index scans the whole width at
 # every draft position, so a round runs at the smallest width holding its longest history
 HISTORY_WIDTHS = tuple(256 << i for i in range(12))  # 256 .. 512k
@@ -132,8 +141,9 @@ _TOP_K_OFF = 1 << 30  # a padding row's top-k: no filter (top_k <= 1 would make 
 # The sampled runners captured at start-up, by their filter flags (need_sort, need_min_p,
 # has_greedy, top_k_bounded): temperature-only rows, and every filter on (exact for any mix of
 # rows: a flag only skips work its rows do not need), top-k / top-p over the TOP_K_BOUND most
-# likely tokens (every row's top_k within it, as Qwen3's defaults) or over the whole sorted
-# vocabulary. A round with other flags runs a filters-on runner.
+# likely tokens (every row's top_k within it, as Qwen3's defaults: q kept sparse) or over the
+# whole sorted vocabulary. A round with other flags runs a filters-on runner; bounded rows always
+# the bounded one.
 SAMPLED_VARIANTS = ((False, False, False, False), (True, True, True, True),
                     (True, True, True, False))
 
@@ -143,17 +153,20 @@ class RolloutGraphs:
     one StaticRunner per (kind, batch bucket, L, sampling flags, logit bias), all of a bucket
     reading the same input buffers (z [bucket, B, H], the sampling rows, a pointer drafter's
     history [bucket, W] at the smallest HISTORY_WIDTHS entry W holding the round's longest history,
-    a key part too) and, sampled, writing q into one buffer per bucket. Their memory (q of
-    bucket 16: 16 x (B-1) x V float32) is the plugin's, outside SGLang's static reservation.
+    a key part too) and, sampled, writing q into one buffer per bucket (dense, up to
+    SAMPLED_MAX_BUCKET) or returning it as its support (top-k bounded rows, any bucket). Their
+    memory (q of bucket 16: 16 x (B-1) x V float32) is the plugin's, outside SGLang's static
+    reservation.
 
     `buckets`: the batch sizes SGLang captured its decode graphs for. `capture`: CUDA graphs
     (one memory pool: safe because a round replays one rollout and consumes its outputs before
     the next), for the runners `capture_startup` builds (greedy: every bucket, L = 2..B, the
-    smallest history width; sampled: buckets up to SAMPLED_MAX_BUCKET, L = 2..B, the
-    SAMPLED_VARIANTS, no logit bias); a key first seen while serving gets a runner that runs
-    eagerly (never a capture inside a serving round). Without `capture` every runner runs
-    eagerly over the same buffers. Rows bs..bucket-1 are padding: every op of the rollout is
-    row-wise, so they never reach a real row, and their outputs are dropped.
+    smallest history width; sampled: the SAMPLED_VARIANTS, no logit bias, at buckets up to
+    SAMPLED_MAX_BUCKET, the top-k bounded one at every bucket); a key first seen while serving
+    gets a runner that runs eagerly (never a capture inside a serving round). Without
+    `capture` every runner runs eagerly over the same buffers. Rows bs..bucket-1 are padding:
+    every op of the rollout is row-wise, so they never reach a real row, and their outputs are
+    dropped.
     `copy_gate`: a pointer drafter's gate, copy index on the device (pointer.DevicePointerCopy),
     or None."""
 
@@ -179,13 +192,15 @@ class RolloutGraphs:
         self._stream = None  # capture_startup's capture stream
         self.input_rows = self._input_rows()
 
-    def eager_reason(self, bs: int, sampled: bool, history_len: int | None = None) -> str | None:
+    def eager_reason(self, bs: int, sampled: bool, history_len: int | None = None,
+                     bounded: bool = False) -> str | None:
         """Why a round of bs requests cannot use the runners (a label of
-        domino_eager_rounds_total), or None when it can."""
+        domino_eager_rounds_total), or None when it can. `bounded`: every sampled row's top_k
+        is at most TOP_K_BOUND (its q kept sparse: any bucket)."""
         bucket = bucket_for(bs, self.buckets)
         if bucket is None:
             return "batch_size"
-        if sampled and bucket > SAMPLED_MAX_BUCKET:
+        if sampled and not bounded and bucket > SAMPLED_MAX_BUCKET:
             return "sampled_batch_size"
         if history_len is not None and history_len > self.history_cap:
             return "history_length"
@@ -209,7 +224,8 @@ class RolloutGraphs:
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """sampled_rollout's (drafts [bs, L-1], q [bs, L-1, V]); z [bs, L, H], u_draft
         [bs, L-1], logit_bias [bs, V] or None. q is a view of the bucket's buffer, valid until
-        the next sampled rollout of that bucket."""
+        the next sampled rollout of that bucket: dense, or its support (SparseQ) where every
+        row's top_k is bounded (sampled_key)."""
         bs, length = z.shape[0], z.shape[1]
         bucket = bucket_for(bs, self.buckets)
         bufs = self._fill(bucket, z, bonus, history, lens)
@@ -219,10 +235,11 @@ class RolloutGraphs:
         if logit_bias is not None:
             self._buffer(bucket, "bias", (self.head.vocab_size,), torch.float32, 0)[:bs].copy_(
                 logit_bias)
-        self._buffer(bucket, "q", (self.block - 1, self.head.vocab_size), torch.float32, 0)
-        drafts, q = self.runner(self.sampled_key(bs, length, history, rows,
-                                                 logit_bias is not None)).replay()
-        return drafts[:bs], q[:bs]
+        key = self.sampled_key(bs, length, history, rows, logit_bias is not None)
+        out = self.runner(key).replay()
+        if self.sparse(key):
+            return out[0][:bs], SparseQ(out[1][:bs], out[2][:bs], self.head.vocab_size)
+        return out[0][:bs], out[1][:bs]
 
     # ---- which runner a round uses: the one decision, every device ----
     def greedy_key(self, bs: int, length: int, history: torch.Tensor | None) -> tuple:
@@ -231,10 +248,17 @@ class RolloutGraphs:
     def sampled_key(self, bs: int, length: int, history: torch.Tensor | None,
                     rows: SamplingRows, bias: bool) -> tuple:
         flags = (rows.need_sort, rows.need_min_p, rows.has_greedy)
-        variant = (SAMPLED_VARIANTS[0] if not any(flags)
-                   else SAMPLED_VARIANTS[1] if rows.top_k_bounded else SAMPLED_VARIANTS[2])
+        variant = (SAMPLED_VARIANTS[1] if rows.top_k_bounded
+                   else SAMPLED_VARIANTS[0] if not any(flags) else SAMPLED_VARIANTS[2])
         return ("sampled", bucket_for(bs, self.buckets), length, self._width(history), *variant,
                 bias)
+
+    @staticmethod
+    def sparse(key: tuple) -> bool:
+        """Whether a sampled runner keeps q as its support: its variant's rows are all top-k
+        bounded (SAMPLED_VARIANTS' last flag), so no position has more than sparse_width
+        tokens of positive probability."""
+        return key[0] == "sampled" and key[7]
 
     def round_shape(self, bs: int, length: int, history: torch.Tensor | None,
                     rows: SamplingRows | None, bias: bool) -> tuple[tuple, bool]:
@@ -256,7 +280,8 @@ class RolloutGraphs:
         lengths = self.lengths
         keys = [("greedy", b, n, width) for b in self.buckets for n in lengths]
         keys += [("sampled", b, n, width, *variant, False) for b in self.buckets
-                 if b <= SAMPLED_MAX_BUCKET for n in lengths for variant in SAMPLED_VARIANTS]
+                 for n in lengths for variant in SAMPLED_VARIANTS
+                 if b <= SAMPLED_MAX_BUCKET or variant[3]]  # bounded: q sparse, any bucket
         return keys
 
     def capture_startup(self, stream=None) -> int:
@@ -301,7 +326,9 @@ class RolloutGraphs:
         local = weight.shape[0]  # this rank's rows: V / N at TP > 1, or Vd
         whole = self.head.vocab_size if self.head.vocab is None else local
         rows = max(self.buckets) * (max(self.lengths, default=2) - 1)
-        return 2 * rows * (local * weight.dtype.itemsize + whole * torch.float32.itemsize)
+        sparse = rows * sparse_width(self.candidate_pool) * (torch.int64.itemsize
+                                                             + torch.float32.itemsize)
+        return 2 * rows * (local * weight.dtype.itemsize + whole * torch.float32.itemsize) + sparse
 
     def _width(self, history: torch.Tensor | None) -> int:
         return 0 if history is None else history_width(history.shape[1])
@@ -384,22 +411,28 @@ class RolloutGraphs:
                 return (chain, picks) if copy is None else (chain, picks, copy.copied())
         else:
             need_sort, need_min_p, has_greedy, bounded, bias = key[4:]
-            self._buffer(bucket, "q", (self.block - 1, self.head.vocab_size), torch.float32, 0)
+            width = sparse_width(self.candidate_pool) if self.sparse(key) else 0
+            if not width:
+                self._buffer(bucket, "q", (self.block - 1, self.head.vocab_size), torch.float32,
+                             0)
             if bias:
                 self._buffer(bucket, "bias", (self.head.vocab_size,), torch.float32, 0)
             inputs.update({name: bufs[name] for name in
                            ("temperature", "top_k", "top_p", "min_p", "seed")})
-            inputs.update(u=bufs["u"][:, :n], q=bufs["q"][:, :n])
+            inputs.update(u=bufs["u"][:, :n])
+            if not width:
+                inputs.update(q=bufs["q"][:, :n])
             if bias:
                 inputs["logit_bias"] = bufs["bias"]
             scale = self.temperature_scale
 
-            def fn(z, bonus, temperature, top_k, top_p, min_p, seed, u, q, logit_bias=None,
+            def fn(z, bonus, temperature, top_k, top_p, min_p, seed, u, q=None, logit_bias=None,
                    history=None, lens=None):
                 rows = SamplingRows(temperature, top_k, top_p, min_p, seed, need_sort,
                                     need_min_p, has_greedy, bounded)
-                return sampled_rollout(z, bonus, head, rows, u, pool, use_head=use_head,
-                                       logit_bias=logit_bias, temperature_scale=scale,
-                                       copy=copy_path(history, lens), out=q)
+                drafts, q = sampled_rollout(z, bonus, head, rows, u, pool, use_head=use_head,
+                                            logit_bias=logit_bias, temperature_scale=scale,
+                                            copy=copy_path(history, lens), out=q, sparse=width)
+                return (drafts, q.ids, q.probs) if width else (drafts, q)
         return StaticRunner(fn, inputs, capture=self.capture and self._starting, own=False,
                             pool=self.pool, stream=self._stream)

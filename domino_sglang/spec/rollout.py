@@ -41,7 +41,13 @@ from torch import nn
 
 from domino_sglang.spec.pointer import PointerCopy, copy_wins
 from domino_sglang.spec.primitives import argmax
-from domino_sglang.spec.sampling import SamplingRows, process_logits, sample_from
+from domino_sglang.spec.sampling import (
+    SamplingRows,
+    SparseQ,
+    process_logits,
+    sample_from,
+    support,
+)
 
 
 def gru_step(gru: nn.GRU, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -271,12 +277,14 @@ def spread(qd: torch.Tensor, head: HeadParams) -> torch.Tensor:
 
 def pointer_sample(copy: PointerCopy, i: int, logits: torch.Tensor,
                    probs: torch.Tensor, rows: SamplingRows, u: torch.Tensor, head: HeadParams,
-                   pool_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   pool_ids: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """A pointer drafter's sampled draft at one position (pointer.py): d ~ q with
     q = (1 - g) probs + g onehot(c), probs [bs, K] the processed distribution over position i's
     columns (copy_column), logits [bs, K] before processing. A greedy row drafts q's
-    argmax (g becomes 1 where c wins, else 0), as greedy_rollout. Returns (d [bs], q [bs, V]);
-    q is exactly what d was drawn from, so verification stays exact."""
+    argmax (g becomes 1 where c wins, else 0), as greedy_rollout. Returns (d [bs], q as
+    (ids [bs, K + 1], weights [bs, K + 1]): q(v) = the weights of the entries with id v, the
+    copy candidate's last); q is exactly what d was drawn from, so verification stays exact."""
     c, log_g, log_1mg = copy.gate_at(i)
     if rows.has_greedy:
         logp = torch.log_softmax(logits.float(), dim=-1)
@@ -291,19 +299,18 @@ def pointer_sample(copy: PointerCopy, i: int, logits: torch.Tensor,
                   else torch.arange(probs.shape[1], device=probs.device)).expand_as(probs))
     kept = probs * (1.0 - g)[:, None]  # [bs, K]
     ids = torch.cat((cols, c.clamp(min=0)[:, None]), dim=1)  # [bs, K + 1]
-    d = ids.gather(1, sample_from(torch.cat((kept, g[:, None]), dim=1), u)[:, None]).squeeze(1)
-    q = kept.new_zeros(kept.shape[0], head.vocab_size).scatter_(1, cols, kept)
-    q.scatter_add_(1, c.clamp(min=0)[:, None], g[:, None])
+    weights = torch.cat((kept, g[:, None]), dim=1)  # [bs, K + 1]
+    d = ids.gather(1, sample_from(weights, u)[:, None]).squeeze(1)
     copy.append(d)
-    return d, q
+    return d, (ids, weights)
 
 
 @torch.no_grad()
 def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows: SamplingRows,
                     u_draft: torch.Tensor, candidate_pool: int = 0, use_head: bool = True,
                     logit_bias: torch.Tensor | None = None, temperature_scale: float = 1.0,
-                    copy: PointerCopy | None = None, out: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    copy: PointerCopy | None = None, out: torch.Tensor | None = None,
+                    sparse: int = 0) -> tuple[torch.Tensor, torch.Tensor | SparseQ]:
     """Sampled chain: drafts [bs, n] and the distributions they were drawn from, q [bs, n, V].
 
     z [bs, B, H], bonus [bs] (x_t), u_draft [bs, n], logit_bias [bs, V] (the request's, added
@@ -311,6 +318,9 @@ def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows
     temperature_scale: q at temperature T * scale (module docstring). copy: a pointer
     drafter's copy path: every q is mixed with the copy candidate (pointer_sample). out: a
     float32 [bs, n, V] buffer q is written into (graphs.RolloutGraphs: one per batch bucket).
+    sparse = S > 0: q kept as its support (sampling.SparseQ, [bs, n, S]) instead, for rows
+    known to have at most S tokens of positive probability at every position (every row's
+    top_k < S: graphs.sparse_width); the same drafts and the same q.
     """
     if out is not None and (out.shape[0] != z.shape[0] or out.shape[1] != z.shape[1] - 1):
         raise ValueError(f"sampled_rollout: out has shape {tuple(out.shape)}, q needs "
@@ -323,26 +333,27 @@ def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows
     n, vocab = base.shape[1], head.vocab_size
     if copy is not None:
         copy.start(z[:, :n])
+    q = QRows(base.shape[0], n, vocab, sparse, out, base)
     if not use_head and copy is None:
         qd = process_logits(base.reshape(-1, base.shape[2]), rows.repeat(n))
         drafts = head.token_ids(sample_from(qd, u_draft.reshape(-1))).view(-1, n)
-        q = spread(qd, head).view(-1, n, vocab)
-        return drafts, q if out is None else out.copy_(q)
+        return drafts, q.whole(spread(qd, head).view(-1, n, vocab))
     if not use_head:  # backbone only, position by position: the copies depend on the chain
-        picks = [pointer_sample(copy, i, base[:, i], process_logits(base[:, i], rows), rows,
-                                u_draft[:, i], head) for i in range(n)]
-        q = torch.stack([q for _, q in picks], dim=1)
-        return torch.stack([d for d, _ in picks], dim=1), q if out is None else out.copy_(q)
+        drafts = []
+        for i in range(n):
+            d, qi = pointer_sample(copy, i, base[:, i], process_logits(base[:, i], rows), rows,
+                                   u_draft[:, i], head)
+            drafts.append(d)
+            q.put(i, qi)
+        return torch.stack(drafts, dim=1), q.done()
     cand = make_candidates(base, head, candidate_pool)
-    # q [bs, n, V]; with a pool, q_i (i >= 1) is 0 outside it; with a draft vocabulary, outside
-    # that
-    q = base.new_zeros(base.shape[0], n, vocab) if out is None else out.zero_()
     q0 = process_logits(base[:, 0], rows)
     if copy is not None:
-        d0, q[:, 0] = pointer_sample(copy, 0, base[:, 0], q0, rows, u_draft[:, 0], head)
+        d0, qi = pointer_sample(copy, 0, base[:, 0], q0, rows, u_draft[:, 0], head)
+        q.put(0, qi)
         drafts = [d0]
     else:
-        q[:, 0] = spread(q0, head)
+        q.put(0, spread(q0, head))
         drafts = [head.token_ids(sample_from(q0, u_draft[:, 0]))]
     gdtype = head.prefix_gru.weight_hh_l0.dtype
     s = z.new_zeros(z.shape[0], head.prefix_gru.hidden_size, dtype=gdtype)
@@ -352,21 +363,66 @@ def sampled_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, rows
     for i in range(1, n):
         logits = head_step(head, zh[:, i], s, base[:, i].to(gdtype), cand, i).float()
         if copy is not None:
-            d, q[:, i] = pointer_sample(copy, i, logits, process_logits(logits, rows),
-                                        rows, u_draft[:, i], head,
-                                        None if cand is None else cand.ids)
+            d, qi = pointer_sample(copy, i, logits, process_logits(logits, rows), rows,
+                                   u_draft[:, i], head, None if cand is None else cand.ids)
+            q.put(i, qi)
         elif cand is None:
             qd = process_logits(logits, rows)
-            q[:, i] = spread(qd, head)
+            q.put(i, spread(qd, head))
             d = head.token_ids(sample_from(qd, u_draft[:, i]))
         else:
             # Processed over the pool alone [bs, K]: the same distribution as over the full
             # vocabulary with -inf outside the pool (those tokens get probability 0 and rank
             # last for top-k / top-p), at K / V of the cost; d is drawn from exactly the q kept.
             q_pool = process_logits(logits, rows)
-            q[:, i].scatter_(1, cand.ids, q_pool)
+            q.put(i, (cand.ids, q_pool))
             d = cand.ids.gather(1, sample_from(q_pool, u_draft[:, i])[:, None]).squeeze(1)
         drafts.append(d)
         if i + 1 < n:
             s = gru_step(head.prefix_gru, head.embed(d).to(gdtype), s)
-    return torch.stack(drafts, dim=1), q
+    return torch.stack(drafts, dim=1), q.done()
+
+
+class QRows:
+    """The q of a sampled rollout, position by position: dense [bs, n, V] (into `out` where
+    given) or, with `sparse` = S > 0, its support [bs, n, S] (sampling.SparseQ). A position
+    comes dense [bs, V] or as (ids [bs, m], weights [bs, m]) with sum semantics."""
+
+    def __init__(self, bs: int, n: int, vocab: int, sparse: int, out: torch.Tensor | None,
+                 like: torch.Tensor):
+        self.vocab, self.sparse = vocab, sparse
+        self.ids: list[torch.Tensor] = []
+        self.probs: list[torch.Tensor] = []
+        self.q = None
+        if not sparse:
+            self.q = like.new_zeros(bs, n, vocab) if out is None else out.zero_()
+
+    def put(self, i: int, qi: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> None:
+        if self.sparse:
+            if isinstance(qi, tuple) and qi[0].shape[1] > self.sparse:  # a whole vocabulary
+                qi = _densify(*qi, self.vocab)
+            ids, probs = support(qi, self.sparse)
+            self.ids.append(ids)
+            self.probs.append(probs)
+        elif isinstance(qi, tuple):
+            self.q[:, i] = _densify(*qi, self.vocab)
+        else:
+            self.q[:, i] = qi
+
+    def whole(self, q: torch.Tensor) -> torch.Tensor | SparseQ:
+        """Every position at once, dense [bs, n, V]."""
+        if not self.sparse:
+            return self.q.copy_(q)
+        for i in range(q.shape[1]):
+            self.put(i, q[:, i])
+        return self.done()
+
+    def done(self) -> torch.Tensor | SparseQ:
+        if not self.sparse:
+            return self.q
+        return SparseQ(torch.stack(self.ids, dim=1), torch.stack(self.probs, dim=1), self.vocab)
+
+
+def _densify(ids: torch.Tensor, weights: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(ids [N, m], weights [N, m]) with sum semantics -> dense [N, V]."""
+    return weights.new_zeros(ids.shape[0], vocab).scatter_add_(1, ids, weights)

@@ -13,7 +13,10 @@ Terms and shapes (bs requests, block size B, vocabulary V, n = B-1 proposal posi
                 against it in tests/spec/test_sampling.py. Greedy rows (top_k <= 1) are one-hot at
                 torch.argmax, exactly the greedy path.
     q           [bs, n, V] processed draft distributions: q_0 = processed(base_0),
-                q_i = processed(base_i + head correction | GRU over x_t, d_1..d_i)
+                q_i = processed(base_i + head correction | GRU over x_t, d_1..d_i); or the
+                same kept as its support (`SparseQ`, [bs, n, S] ids and probabilities), where
+                every row's support is known to be small: rows whose top_k is bounded, the
+                candidate pool's, an offer's one-hot
     d_{i+1}     ~ q_i, drawn by inverse CDF from one uniform; the GRU consumes the SAMPLED token
     scale       the drafter's draft temperature scale s: q is processed at temperature T * s
                 (top-k / top-p / min-p as the request asks). Verification is exact for any q;
@@ -135,6 +138,64 @@ def process_logits(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
         at_pick = torch.where(greedy, 1.0, probs.gather(1, pick))  # others: unchanged
         probs.masked_fill_(greedy, 0.0).scatter_(1, pick, at_pick)
     return probs
+
+
+@dataclass(frozen=True)
+class SparseQ:
+    """Draft distributions [bs, n, V] kept as their support: q_k(v) = sum_j probs[b, k, j] over
+    the j with ids[b, k, j] == v (ids [bs, n, S] int64 may repeat a token; padding entries have
+    probability 0), probs [bs, n, S] float32. Verification reads q twice (verify.py): at the
+    drafts, and one row densified per request (the residual at its first rejection); [bs, n, S]
+    instead of [bs, n, V] is what lets a rollout over a large batch keep its q (graphs.py)."""
+
+    ids: torch.Tensor
+    probs: torch.Tensor
+    vocab: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.ids.shape[0], self.ids.shape[1], self.vocab)
+
+    def at(self, drafts: torch.Tensor) -> torch.Tensor:
+        """q_k(d_{k+1}) [bs, n] of drafts [bs, n]."""
+        return (self.probs * (self.ids == drafts[..., None])).sum(dim=-1)
+
+    def row(self, index: torch.Tensor) -> torch.Tensor:
+        """Row index[b] of each request's q, densified: [bs, V]."""
+        at = index.long()[:, None, None].expand(-1, 1, self.ids.shape[2])  # [bs, 1, S]
+        ids, probs = self.ids.gather(1, at).squeeze(1), self.probs.gather(1, at).squeeze(1)
+        return probs.new_zeros(ids.shape[0], self.vocab).scatter_add_(1, ids, probs)
+
+    def dense(self) -> torch.Tensor:
+        """The whole q [bs, n, V] (tests, small shapes)."""
+        return self.probs.new_zeros(self.shape).scatter_add_(2, self.ids, self.probs)
+
+    def first(self, bs: int) -> SparseQ:
+        """The first bs requests' (a static buffer's real rows)."""
+        return SparseQ(self.ids[:bs], self.probs[:bs], self.vocab)
+
+    @staticmethod
+    def one_hot(drafts: torch.Tensor, vocab: int) -> SparseQ:
+        """Every row one-hot at its drafts [bs, n] (an offer: a proposal fixed in advance)."""
+        return SparseQ(drafts[..., None], torch.ones(*drafts.shape, 1, dtype=torch.float32,
+                                                     device=drafts.device), vocab)
+
+
+def support(q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], width: int
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One position's distributions, dense q [N, V] or (ids [N, m], weights [N, m]: sum
+    semantics), as exactly `width` entries (ids [N, width] int64, probs [N, width]): padded with
+    probability 0, or the `width` most likely tokens of the dense rows (exact when every row has
+    at most `width` tokens of positive probability, which the caller knows)."""
+    if isinstance(q, tuple):
+        ids, weights = q
+        if ids.shape[1] <= width:
+            pad = width - ids.shape[1]
+            return (torch.cat((ids, ids.new_zeros(ids.shape[0], pad)), 1),
+                    torch.cat((weights, weights.new_zeros(weights.shape[0], pad)), 1))
+        raise ValueError(f"support: {ids.shape[1]} entries, {width} kept")
+    probs, ids = q.topk(min(width, q.shape[1]), dim=-1, sorted=False)
+    return support((ids, probs), width) if ids.shape[1] < width else (ids, probs)
 
 
 def _mix32(h: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,13 @@ from dataclasses import dataclass
 import torch
 
 from domino_sglang.spec.primitives import argmax
-from domino_sglang.spec.sampling import RoundUniforms, SamplingRows, process_logits, sample_from
+from domino_sglang.spec.sampling import (
+    RoundUniforms,
+    SamplingRows,
+    SparseQ,
+    process_logits,
+    sample_from,
+)
 
 
 @dataclass(frozen=True)
@@ -65,21 +71,25 @@ def verify_greedy(chain: torch.Tensor, target_choice: torch.Tensor
     return target_choice, accepted + 1
 
 
-def verify_sampled(chain: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+def verify_sampled(chain: torch.Tensor, q: torch.Tensor | SparseQ, p: torch.Tensor,
                    u_accept: torch.Tensor, u_resample: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact rejection sampling of a drafted chain.
 
-    chain [bs, B] (x_t, d_1..d_{B-1}); q [bs, B-1, V] draft distributions (q_k drew d_{k+1});
+    chain [bs, B] (x_t, d_1..d_{B-1}); q [bs, B-1, V] draft distributions (q_k drew d_{k+1}),
+    dense or kept as their support (sampling.SparseQ: only q_k(d_{k+1}) and one row are read);
     p [bs, B, V] target distributions (p_k: after x_t, d_1..d_k); u_accept [bs, B-1] and
     u_resample [bs, B] uniforms in (0, 1) (the coins, and the draw of the token at index a).
     Returns (tokens [bs, B], accept_len [bs]) as verify_greedy: tokens[:, :accept_len] =
     d_1..d_a then the recovered / bonus token; the rest of each row is padding.
     """
     bs, block, vocab = p.shape
-    assert chain.shape == (bs, block) and q.shape == (bs, block - 1, vocab), (chain.shape, q.shape)
+    assert chain.shape == (bs, block) and tuple(q.shape) == (bs, block - 1, vocab), (
+        chain.shape, q.shape)
+    sparse = isinstance(q, SparseQ)
     drafts = chain[:, 1:]  # [bs, B-1]
-    q_d = q.gather(2, drafts[..., None]).squeeze(-1)  # [bs, B-1] q_k(d_{k+1})
+    q_d = (q.at(drafts) if sparse
+           else q.gather(2, drafts[..., None]).squeeze(-1))  # [bs, B-1] q_k(d_{k+1})
     p_d = p[:, :-1].gather(2, drafts[..., None]).squeeze(-1)  # [bs, B-1] p_k(d_{k+1})
     # u < p/q accepts with probability min(1, p/q): always when p >= q (the draft is no more
     # likely under q than under p), with probability p/q when q > p (q over-proposes it).
@@ -91,7 +101,8 @@ def verify_sampled(chain: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
     at = accepted[:, None, None].expand(-1, 1, vocab).long()
     p_a = p.gather(1, at).squeeze(1)  # [bs, V]
     if block > 1:
-        q_a = q.gather(1, at.clamp(max=block - 2)).squeeze(1)  # [bs, V]
+        q_a = (q.row(accepted.clamp(max=block - 2)) if sparse
+               else q.gather(1, at.clamp(max=block - 2)).squeeze(1))  # [bs, V]
         q_a.masked_fill_((accepted == block - 1)[:, None], 0.0)  # all accepted: q_{B-1} = 0
         residual = (p_a - q_a).clamp_(min=0)
     else:  # plain round: nothing drafted, the bonus is drawn from p_0
@@ -106,7 +117,7 @@ def verify_sampled(chain: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
     return tokens, accepted + 1
 
 
-def verify_mixed(chain: torch.Tensor, logits: torch.Tensor, q: torch.Tensor,
+def verify_mixed(chain: torch.Tensor, logits: torch.Tensor, q: torch.Tensor | SparseQ,
                  rows: SamplingRows, u: RoundUniforms) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch mixing greedy and sampled requests: logits [bs, B, V] are the target's verify
     logits after the request's logit adjustments (penalties, bias, grammar mask); q and u from

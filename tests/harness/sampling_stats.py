@@ -18,10 +18,14 @@ ALPHA = 0.01 / 8
 MIN_CELL = 10  # outcomes seen fewer times (both servers together) are pooled into one cell
 
 
-def draw(url: str, ids: list[int], seeded: bool) -> list[tuple[int, ...]]:
-    """SAMPLES answers of TOKENS tokens each (seeds 0..SAMPLES-1 when seeded)."""
+def draw(url: str, ids: list[int], seeded: bool, top_k: int | None = None
+         ) -> list[tuple[int, ...]]:
+    """SAMPLES answers of TOKENS tokens each (seeds 0..SAMPLES-1 when seeded; top_k: the
+    requests' top-k, none by default)."""
     def one(i: int) -> tuple[int, ...]:
         params = {"temperature": TEMPERATURE, "max_new_tokens": TOKENS, "ignore_eos": True}
+        if top_k is not None:
+            params["top_k"] = top_k
         if seeded:
             params["sampling_seed"] = i
         r = requests.post(f"{url}/generate", json={"input_ids": ids, "sampling_params": params},

@@ -14,7 +14,7 @@ import torch
 from domino_sglang.spec.graphs import BUCKETS, RolloutGraphs, bucket_for
 from domino_sglang.spec.pointer import DevicePointerCopy
 from domino_sglang.spec.rollout import greedy_rollout, sampled_rollout
-from domino_sglang.spec.sampling import RoundUniforms, SamplingRows
+from domino_sglang.spec.sampling import RoundUniforms, SamplingRows, SparseQ
 from tests.spec.test_pointer import _gate
 from tests.spec.test_rollout import B, H, V, make_head
 
@@ -59,6 +59,7 @@ def test_buckets_are_sglangs_and_the_reasons_name_what_does_not_fit():
     assert graphs.eager_reason(8, sampled=False) is None
     assert graphs.eager_reason(BUCKETS[-1] + 1, sampled=False) == "batch_size"
     assert graphs.eager_reason(32, sampled=True) == "sampled_batch_size"
+    assert graphs.eager_reason(64, sampled=True, bounded=True) is None  # q sparse: any bucket
     assert graphs.eager_reason(3, sampled=True, history_len=HISTORY_CAP + 1) == "history_length"
 
 
@@ -119,7 +120,10 @@ def test_static_sampled_rollout_equals_dynamic(pool, vocab, bias, kind, pointer)
                                          logit_bias=logit_bias, temperature_scale=0.6, copy=copy)
         drafts, q = graphs.sampled(z, bonus, rows, u.draft, logit_bias, history, lens)
         assert torch.equal(drafts, want_d), (bs, length)
-        assert q.shape == (bs, length - 1, V)
+        assert tuple(q.shape) == (bs, length - 1, V)
+        assert isinstance(q, SparseQ) == (kind == "bounded")  # bounded rows: q as its support
+        if isinstance(q, SparseQ):
+            q = q.dense()
         if bs == bucket_for(bs):
             assert torch.equal(q, want_q), (bs, length)
         else:  # a padded batch: the head's GEMMs run over more rows, and blocking by the row
@@ -127,6 +131,48 @@ def test_static_sampled_rollout_equals_dynamic(pool, vocab, bias, kind, pointer)
             # verified, so exactness does not depend on it)
             diff = float((q - want_q).abs().max())
             assert diff < 1e-6, (bs, length, diff)
+
+
+@pytest.mark.parametrize("pointer", [False, True])
+def test_bounded_rows_roll_out_from_start_up_runners_at_every_bucket(pointer):
+    """Rows whose top_k is bounded (Qwen3's defaults) keep q as its support, [bucket, L-1, S]
+    instead of [bucket, L-1, V]: start-up builds their runner at every bucket (the other
+    sampled variants only up to SAMPLED_MAX_BUCKET), and a batch of 20 or 40 replays one, with
+    the drafts and q of the dynamic rollout (q densified equal to the dense one, bit for bit
+    where the batch fills its bucket)."""
+    from domino_sglang.spec.graphs import SAMPLED_MAX_BUCKET, sparse_width
+
+    head, pool = make_head(4), 5
+    gate = _gate(0.5) if pointer else None
+    graphs = RolloutGraphs(head, B, H, torch.float32, "cpu", candidate_pool=pool,
+                           use_head=True, temperature_scale=0.6, copy_gate=gate,
+                           history_cap=HISTORY_CAP, capture=False, buckets=(8, 16, 24, 40))
+    keys = graphs.startup_keys()
+    sampled = {(k[1], k[7]) for k in keys if k[0] == "sampled"}
+    assert {b for b, bounded in sampled if not bounded} == {8, 16}
+    assert {b for b, bounded in sampled if bounded} == {8, 16, 24, 40}
+    graphs.capture_startup()
+    g = torch.Generator().manual_seed(6)
+    for bs in (20, 40, 24):
+        z = torch.randn(bs, B, H, generator=g)
+        rows = _rows(bs, "bounded")
+        u = RoundUniforms.for_round(rows.seed, torch.randint(5, 50, (bs,), generator=g), B)
+        history = lens = copy = None
+        bonus = torch.randint(0, V, (bs,), generator=g)
+        if pointer:
+            history, lens = _histories(bs, seed=bs)
+            bonus = history.gather(1, (lens - 1)[:, None]).squeeze(1)
+            copy = DevicePointerCopy(gate, history, lens, B - 1)
+        key, replayed = graphs.round_shape(bs, B, history, rows, bias=False)
+        assert replayed and graphs.eager_reason(bs, True, bounded=True) is None
+        assert bs <= SAMPLED_MAX_BUCKET or graphs.eager_reason(bs, True) == "sampled_batch_size"
+        want_d, want_q = sampled_rollout(z, bonus, head, rows, u.draft, pool,
+                                         temperature_scale=0.6, copy=copy)
+        drafts, q = graphs.sampled(z, bonus, rows, u.draft, None, history, lens)
+        assert torch.equal(drafts, want_d), bs
+        assert isinstance(q, SparseQ) and q.ids.shape == (bs, B - 1, sparse_width(pool))
+        diff = float((q.dense() - want_q).abs().max())
+        assert (diff == 0.0) if bs == bucket_for(bs, graphs.buckets) else diff < 1e-6, (bs, diff)
 
 
 def test_long_histories_run_at_a_wider_history_buffer():

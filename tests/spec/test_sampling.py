@@ -543,3 +543,96 @@ def test_bounded_top_k_filters_as_the_whole_sort_without_sorting():
     torch.testing.assert_close(bounded, whole, rtol=0, atol=1e-7)
     assert int((bounded[3] > 0).sum()) == TOP_K_BOUND  # the flat row: top-k decided it
     assert (bounded[1] > 0).sum() == 1  # the greedy row
+
+
+def _pointer_copy(gate: nn.Linear, histories: list[list[int]]) -> PointerCopy:
+    indexes = []
+    for history in histories:
+        index = CopyIndex()
+        index.sync(history)
+        indexes.append(index)
+    return PointerCopy(gate, indexes, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("pool,pointer,vocab", [(0, False, None), (3, False, None),
+                                                (3, True, None), (0, True, None),
+                                                (0, False, [7, 1, 3, 10, 2]),
+                                                (0, True, [7, 1, 3, 10, 2])])
+def test_sparse_q_is_the_dense_q_and_verifies_alike(pool, pointer, vocab):
+    """Rows whose top_k bounds their support keep q as it (sampled_rollout(sparse=S), what the
+    rollout graphs replay at every bucket): S = 4 entries of an 11-token vocabulary (top-k 3,
+    a pool of 3, a pointer drafter's copy candidate), the same drafts, q densified equal to the
+    dense q bit for bit, and verification over it the same tokens and accepted lengths, with a
+    greedy row in the batch and every accepted length met."""
+    from domino_sglang.spec.sampling import SparseQ
+
+    n, vocab_size = 256, 11
+    head = make_head(5, vocab=vocab_size)
+    if vocab is not None:
+        head = head.with_vocab(torch.tensor(vocab))
+    rows = make_rows(n, temperature=0.9, top_k=3, top_p=0.95)
+    rows.top_k[0] = 1  # a greedy row among sampled ones
+    g = torch.Generator().manual_seed(pool + 2 * pointer)
+    z = torch.randn(n, B, H, generator=g)
+    histories = [torch.randint(0, 4, (12,), generator=g).tolist() for _ in range(n)]
+    bonus = torch.tensor([h[-1] for h in histories])
+    u = RoundUniforms.for_round(rows.seed, torch.randint(5, 50, (n,), generator=g), B)
+    torch.manual_seed(3)
+    gate = nn.Linear(H + 13, 1) if pointer else None
+
+    def rollout(**kw):
+        copy = _pointer_copy(gate, histories) if pointer else None
+        return sampled_rollout(z, bonus, head, rows, u.draft, candidate_pool=pool, copy=copy,
+                               **kw)
+
+    dense_d, dense_q = rollout()
+    sparse_d, sparse_q = rollout(sparse=4)
+    assert torch.equal(sparse_d, dense_d)
+    assert isinstance(sparse_q, SparseQ) and sparse_q.ids.shape == (n, B - 1, 4)
+    assert torch.equal(sparse_q.dense(), dense_q)
+    assert int((dense_q > 0).sum(-1).max()) > 1  # rows with real support: truncation matters
+    chain = torch.cat((bonus[:, None], dense_d), dim=1)
+    # a target close to the drafter (every accepted length occurs), rejecting some of its drafts
+    logits = torch.cat((dense_q.clamp(min=1e-3).log(), torch.zeros(n, 1, vocab_size)), 1)
+    logits = logits + 0.7 * torch.randn(n, B, vocab_size, generator=g)
+    tokens, accepted = verify_mixed(chain, logits, dense_q, rows, u)
+    s_tokens, s_accepted = verify_mixed(chain, logits, sparse_q, rows, u)
+    assert torch.equal(s_accepted, accepted) and torch.equal(s_tokens, tokens)
+    assert set(accepted.tolist()) == set(range(1, B + 1))
+
+
+def test_offers_verify_alike_as_one_token_supports():
+    """An offer's one-hot q kept as a one-token support (one_hot_proposal without a drafter's
+    q: every row offered) and offered rows replaced inside a sparse q verify as their dense
+    one-hot: the same tokens and accepted lengths."""
+    from domino_sglang.spec.sampling import SparseQ
+
+    n, vocab_size = 512, 11
+    g = torch.Generator().manual_seed(9)
+    rows = make_rows(n, temperature=1.1, top_k=4)
+    drafts = torch.randint(0, vocab_size, (n, B - 1), generator=g)
+    chain = torch.cat((torch.randint(0, vocab_size, (n, 1), generator=g), drafts), dim=1)
+    logits = torch.randn(n, B, vocab_size, generator=g)
+    logits[:, :-1].scatter_(2, drafts[..., None], 3.0)  # the offers are likely: runs accepted
+    u = RoundUniforms.for_round(rows.seed, torch.randint(5, 50, (n,), generator=g), B)
+    every = torch.ones(n, dtype=torch.bool)
+    sparse = one_hot_proposal(drafts, every, None, vocab_size)
+    dense = one_hot_proposal(drafts, every, torch.zeros(n, B - 1, vocab_size), vocab_size)
+    assert isinstance(sparse, SparseQ) and torch.equal(sparse.dense(), dense)
+    want = verify_mixed(chain, logits, dense, rows, u)
+    got = verify_mixed(chain, logits, sparse, rows, u)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert len(set(want[1].tolist())) == B
+    # some rows offered inside a drafter's sparse q: those rows one-hot, the others kept
+    q = torch.softmax(torch.randn(n, B - 1, vocab_size, generator=g), -1)
+    probs, ids = q.topk(vocab_size, dim=-1)
+    drafter = SparseQ(ids, probs, vocab_size)
+    offered = torch.rand(n, generator=g) < 0.5
+    mixed = one_hot_proposal(drafts, offered, drafter, vocab_size)
+    assert isinstance(mixed, SparseQ)
+    assert torch.equal(mixed.dense(), one_hot_proposal(drafts, offered, drafter.dense(),
+                                                       vocab_size))
+    want = verify_mixed(chain, logits, one_hot_proposal(drafts, offered, drafter.dense(),
+                                                         vocab_size), rows, u)
+    got = verify_mixed(chain, logits, mixed, rows, u)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

@@ -105,7 +105,8 @@ class DominoProposer:
         graphs, bs, bias = self.rollout_graphs, len(batch.reqs), batch.sampling_info.logit_bias
         history, lens = copy_history if copy_history is not None else (None, None)
         reason = ("host_copy_index" if pointer and copy_history is None else graphs.eager_reason(
-            bs, rows is not None, None if history is None else history.shape[1]))
+            bs, rows is not None, None if history is None else history.shape[1],
+            bounded=rows is not None and rows.top_k_bounded))
         if reason is not None:
             self.metrics.record_eager(reason)
             return None

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from domino_sglang.spec.sampling import SparseQ
+
 if TYPE_CHECKING:
     from domino_sglang.spec.plan import Offer, RoundPlan
     from domino_sglang.spec.sampling import RoundUniforms, SamplingRows
@@ -47,12 +49,13 @@ class DraftSlots:
 class Proposal:
     """A round's drafts beyond the chain itself (nothing drafted: q None, no reports).
 
-    q          [bs, L-1, V] sampled rounds: what each draft was drawn from (offers one-hot):
-               all the verifier needs besides the chain
+    q          [bs, L-1, V] sampled rounds: what each draft was drawn from (offers one-hot),
+               dense or kept as its support (sampling.SparseQ): all the verifier needs besides
+               the chain
     reports    proposer name -> what it reports for the metrics (the drafter's DominoReport)
     """
 
-    q: torch.Tensor | None = None
+    q: torch.Tensor | SparseQ | None = None
     reports: dict[str, Any] = field(default_factory=dict)
 
     def with_report(self, name: str, report: Any) -> Proposal:
@@ -108,14 +111,20 @@ class OfferingProposer:
         return replace(proposal, q=q)
 
 
-def one_hot_proposal(drafts: torch.Tensor, rows: torch.Tensor, q: torch.Tensor | None,
-                     vocab: int) -> torch.Tensor:
+def one_hot_proposal(drafts: torch.Tensor, rows: torch.Tensor, q: torch.Tensor | SparseQ | None,
+                     vocab: int) -> torch.Tensor | SparseQ:
     """q [bs, n, V] with `rows` [bs] replaced by one-hot distributions on their drafts [bs, n]
-    (q None: every row one-hot). A draft fixed before verification, whatever chose it, is a
-    proposal drawn from its one-hot q: verify_sampled keeps it with probability p(d) and
-    recovers from p without d, exact as for any q."""
+    (q None: every row one-hot, kept as its support of one token: SparseQ). A draft fixed before
+    verification, whatever chose it, is a proposal drawn from its one-hot q: verify_sampled
+    keeps it with probability p(d) and recovers from p without d, exact as for any q."""
+    if q is None:
+        return SparseQ.one_hot(drafts, vocab)
+    on = rows[:, None, None]  # no boolean indexing
+    if isinstance(q, SparseQ):  # entry 0 the draft at probability 1, the others 0
+        first = torch.arange(q.ids.shape[2], device=drafts.device) == 0  # [S]
+        return SparseQ(torch.where(on & first, drafts[..., None], q.ids),
+                       torch.where(on, first.to(q.probs.dtype).expand_as(q.probs), q.probs),
+                       vocab)
     one_hot = torch.zeros(*drafts.shape, vocab, dtype=torch.float32, device=drafts.device)
     one_hot.scatter_(2, drafts[..., None], 1.0)
-    if q is None:
-        return one_hot
-    return torch.where(rows[:, None, None], one_hot.to(q.dtype), q)  # no boolean indexing
+    return torch.where(on, one_hot.to(q.dtype), q)
