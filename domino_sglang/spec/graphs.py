@@ -129,8 +129,12 @@ def sparse_width(candidate_pool: int) -> int:
     at the others, plus a pointer drafter's copy candidate."""
     return max(TOP_K_BOUND, candidate_pool) + 1
 # A pointer drafter's history buffer widths (tokens): the copy index scans the whole width at
-# every draft position, so a round runs at the smallest width holding its longest history
-HISTORY_WIDTHS = tuple(256 << i for i in range(12))  # 256 .. 512k
+# every draft position, so a round runs at the smallest width holding its longest history.
+# Start-up builds the first two (a chat's 256, a long prompt's 4096: on a GPU a scan of 4096
+# positions per draft position costs little next to the head); a longer history runs at the
+# next power of two, eagerly
+HISTORY_WIDTHS = (256, 4096, *(8192 << i for i in range(7)))  # .. 512k
+STARTUP_HISTORY_WIDTHS = HISTORY_WIDTHS[:2]
 
 
 def history_width(tokens: int) -> int:
@@ -276,13 +280,21 @@ class RolloutGraphs:
 
     def startup_keys(self) -> list[tuple]:
         """The runners capture_startup builds (class docstring)."""
-        width = HISTORY_WIDTHS[0] if self.copy_gate is not None else 0
-        lengths = self.lengths
-        keys = [("greedy", b, n, width) for b in self.buckets for n in lengths]
-        keys += [("sampled", b, n, width, *variant, False) for b in self.buckets
+        lengths, widths = self.lengths, self.startup_widths()
+        keys = [("greedy", b, n, w) for w in widths for b in self.buckets for n in lengths]
+        keys += [("sampled", b, n, w, *variant, False) for w in widths for b in self.buckets
                  for n in lengths for variant in SAMPLED_VARIANTS
                  if b <= SAMPLED_MAX_BUCKET or variant[3]]  # bounded: q sparse, any bucket
         return keys
+
+    def startup_widths(self) -> tuple[int, ...]:
+        """The history widths start-up builds (STARTUP_HISTORY_WIDTHS up to the first holding
+        the longest history served, `history_cap`); (0,) without a copy path."""
+        if self.copy_gate is None:
+            return (0,)
+        widths = STARTUP_HISTORY_WIDTHS
+        return widths[:next((i + 1 for i, w in enumerate(widths) if w >= self.history_cap),
+                            len(widths))]
 
     def capture_startup(self, stream=None) -> int:
         """Build (capture, with `capture`) every start-up runner: the number built. Later keys
@@ -310,7 +322,7 @@ class RolloutGraphs:
         for b in self.buckets:
             total += b * rows
             if self.copy_gate is not None:
-                total += b * HISTORY_WIDTHS[0] * torch.int64.itemsize
+                total += b * sum(self.startup_widths()) * torch.int64.itemsize
             if b <= SAMPLED_MAX_BUCKET:  # the sampled q buffer
                 total += b * (self.block - 1) * self.head.vocab_size * torch.float32.itemsize
         return total

@@ -178,11 +178,12 @@ def test_bounded_rows_roll_out_from_start_up_runners_at_every_bucket(pointer):
 def test_long_histories_run_at_a_wider_history_buffer():
     """A pointer drafter's history buffer is as wide as the smallest HISTORY_WIDTHS entry
     holding the round's longest history (the copy index scans the whole width): a 300-token
-    history rolls out at width 512, exactly as the dynamic rollout, under a key of its own."""
+    history rolls out at width 4096, exactly as the dynamic rollout, under a key of its own;
+    start-up builds the widths 256 and 4096 (up to the longest history served)."""
     from domino_sglang.spec.graphs import HISTORY_WIDTHS, history_width
 
-    assert (history_width(1), history_width(256), history_width(257)) == (256, 256, 512)
-    assert history_width(10**9) == HISTORY_WIDTHS[-1]
+    assert (history_width(1), history_width(256), history_width(257)) == (256, 256, 4096)
+    assert (history_width(4097), history_width(10**9)) == (8192, HISTORY_WIDTHS[-1])
     head, gate = make_head(3), _gate(0.5)
     graphs = RolloutGraphs(head, B, H, torch.float32, "cpu", candidate_pool=0, use_head=True,
                            temperature_scale=1.0, copy_gate=gate, history_cap=4096,
@@ -198,7 +199,11 @@ def test_long_histories_run_at_a_wider_history_buffer():
             want = greedy_rollout(z, bonus, head, 0, return_base_pick=True, copy=copy)
         chain, picks, copied = graphs.greedy(z, bonus, history, lens)
         assert torch.equal(chain, want[0]) and torch.equal(copied, copy.copied()), t
-    assert sorted(k[3] for k in graphs.runners) == [256, 512]
+    assert sorted(k[3] for k in graphs.runners) == [256, 4096]
+    assert graphs.startup_widths() == (256, 4096)
+    short = RolloutGraphs(head, B, H, torch.float32, "cpu", candidate_pool=0, use_head=True,
+                          temperature_scale=1.0, copy_gate=gate, history_cap=200, capture=False)
+    assert short.startup_widths() == (256,)  # no history served is longer
 
 
 def test_runners_are_built_at_start_up_only(pointer=False):
@@ -279,7 +284,7 @@ def test_a_recorded_trace_takes_the_same_shapes_on_every_device():
     from domino_sglang.spec.graphs import verify_widths, width_for
 
     # (bs, L wanted, sampled kind or None, history length): a recorded mix of rounds
-    trace = [(8, 6, None, 300), (3, 3, "plain", 40), (5, 5, "filters", 120), (1, 2, None, 20),
+    trace = [(8, 6, None, 5000), (3, 3, "plain", 40), (5, 5, "filters", 120), (1, 2, None, 20),
              (4, 4, "plain", 250), (2, 6, None, 30), (8, 3, "filters", 60)]
     shapes = {}
     for device_view, capture in (("cpu-gpu-shape", False), ("cuda", True)):
@@ -289,9 +294,10 @@ def test_a_recorded_trace_takes_the_same_shapes_on_every_device():
                                history_cap=4096, capture=capture, buckets=(1, 2, 4, 8),
                                lengths=widths)
         # what capture_startup would build: only the planner's widths, never a length it
-        # cannot choose (4 buckets x lengths 2, 4, 6 x greedy + 3 sampled variants)
+        # cannot choose (4 buckets x lengths 2, 4, 6 x greedy + 3 sampled variants x history
+        # widths 256 and 4096)
         assert {k[2] for k in graphs.startup_keys()} == {2, 4, 6}
-        assert len(graphs.startup_keys()) == 4 * 3 * 4
+        assert len(graphs.startup_keys()) == 4 * 3 * 4 * 2
         graphs.captured.update(graphs.startup_keys())
         seq = []
         for bs, wanted, kind, t in trace:
@@ -303,5 +309,5 @@ def test_a_recorded_trace_takes_the_same_shapes_on_every_device():
         shapes[device_view] = seq
     assert shapes["cpu-gpu-shape"] == shapes["cuda"]
     assert [s[1] for s in shapes["cuda"]] == [6, 4, 6, 2, 4, 6, 4]  # widths 1, 2, 4, B = 6
-    # replayed unless the history outgrew the start-up width (256): those run eagerly
+    # replayed unless the history outgrew the start-up widths (4096): those run eagerly
     assert [s[3] for s in shapes["cuda"]] == [False, True, True, True, True, True, True]
