@@ -84,6 +84,10 @@ METHODS: Mapping[str, Method] = MappingProxyType({
     # as served by default: lookup on, and policy.py may verify fewer tokens (down to plain
     # decoding)
     "domino-adaptive": Method("DOMINO adaptive", _domino()),
+    # the served default with greedy drafts verified as one-hot proposals at T > 0 (how SGLang's
+    # DFLASH serves sampled requests): what sampling the drafts from q is worth
+    "domino-onehot": Method("DOMINO, one-hot drafts",
+                            _domino(D + "debug-sampled-drafts", "off")),
     # the adaptive policy without prompt lookup: Domino's drafts only
     "domino-adaptive-nolookup": Method("DOMINO adaptive, no lookup", _domino(D + "lookup", "off")),
     # every round plain (L = 1): what serving through the DOMINO worker costs with no

@@ -51,9 +51,12 @@ def mixed_prompts(n: int) -> list[str]:
     return [sets[i % len(sets)][i // len(sets)] for i in range(n)]
 
 
-def one_request(url: str, prompt: str, max_tokens: int, temperature: float = 0.0) -> dict:
-    """Stream one chat completion; return tokens, TTFT and inter-token gaps."""
+def one_request(url: str, prompt: str, max_tokens: int, temperature: float = 0.0,
+                sampling: dict | None = None) -> dict:
+    """Stream one chat completion (`sampling`: more sampling parameters, e.g. top_k / top_p);
+    return tokens, TTFT and inter-token gaps."""
     body = {
+        **(sampling or {}),
         "model": "default",
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
@@ -92,11 +95,12 @@ def counters(url: str) -> dict[str, float]:
 
 
 def run_point(url: str, prompts: list[str], concurrency: int, max_tokens: int,
-              temperature: float = 0.0) -> dict:
+              temperature: float = 0.0, sampling: dict | None = None) -> dict:
     before = counters(url)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda p: one_request(url, p, max_tokens, temperature), prompts))
+        results = list(pool.map(
+            lambda p: one_request(url, p, max_tokens, temperature, sampling), prompts))
     wall = time.perf_counter() - t0
     tokens = sum(r["tokens"] for r in results)
     gaps = [g for r in results for g in r["gaps"]]

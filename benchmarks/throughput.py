@@ -113,6 +113,10 @@ def main() -> None:
                          "target as a bf16 GGUF, the same threads (benchmarks/llamacpp.py); "
                          "every other method is also paired against it; skipped, with the "
                          "reason reported, when it cannot be built here")
+    ap.add_argument("--top-k", type=int, default=None,
+                    help="sampled points (T > 0) also ask this top-k (Qwen3's default: 20)")
+    ap.add_argument("--top-p", type=float, default=None,
+                    help="sampled points (T > 0) also ask this top-p (Qwen3's default: 0.95)")
     ap.add_argument("--out", default="throughput")
     args = ap.parse_args()
     args.methods = list(dict.fromkeys(canonical(m) for m in args.methods))
@@ -183,6 +187,8 @@ def main() -> None:
                 f"tput-{m}", serve, sglang, threads=args.threads, env=dict(methods[m].env)))
             one_request(servers[m].url, "Hello!", 8)  # warm-up
         points = [(t, c) for t in args.temperatures for c in args.concurrency]
+        sampling = {k: v for k, v in (("top_k", args.top_k), ("top_p", args.top_p))
+                    if v is not None}
         runs = []
         plan = [(t, c, w < args.warmup) for t, c in points
                 for w in range(args.warmup + args.repeats)]
@@ -191,7 +197,7 @@ def main() -> None:
             for m in order:
                 time.sleep(args.settle)
                 point = run_point(servers[m].url, mixed_prompts(max(args.min_requests, 2 * c)),
-                                  c, args.max_tokens, t)
+                                  c, args.max_tokens, t, sampling if t > 0 else None)
                 point.pop("texts")
                 point.update(method=m, temperature=t, repeat=i)  # runs of one i are paired
                 if warmup:

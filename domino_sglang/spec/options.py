@@ -140,6 +140,10 @@ FLAGS: tuple[Flag, ...] = (
          "the same checkpoint). Default on.", debug=True),
     Flag("copy", parse_bool, ONOFF,
          "a pointer drafter's copy path; off = its p alone. Default on.", debug=True),
+    Flag("sampled_drafts", parse_bool, ONOFF,
+         "sampled requests draft from q at their temperature; off = greedy drafts verified as "
+         "one-hot proposals, as SGLang's DFLASH does at T > 0 (benchmarks). Default on.",
+         debug=True),
     Flag("copy_index", _copy_index, "device|host",
          "where copy indexes live. Default: device on CUDA, host on the CPU.", debug=True),
     Flag("short_draft", parse_bool, ONOFF,
@@ -185,6 +189,7 @@ class DominoConfig:
     # -- debug (ablation / measurement) --
     head: bool = True
     copy: bool = True
+    sampled_drafts: bool = True
     copy_index: str | None = None  # None: by device
     draft_len: tuple[int, ...] | None = None
     cost: tuple[float, float, float] | None = None

@@ -95,7 +95,8 @@ class TinyTarget:
 
 def run_domino(target: TinyTarget, head: HeadParams, rows: SamplingRows, verify,
                tokens: int = 3, pool: int = 0, lookup: str | None = None, scale: float = 1.0,
-               gate: nn.Linear | None = None, gate_q: str = "mixed") -> torch.Tensor:
+               gate: nn.Linear | None = None, gate_q: str = "mixed",
+               one_hot: bool = False) -> torch.Tensor:
     """Rounds of draft -> verify -> commit for every row until `tokens` are generated.
 
     scale: the draft temperature scale (q at temperature T * scale).
@@ -105,6 +106,8 @@ def run_domino(target: TinyTarget, head: HeadParams, rows: SamplingRows, verify,
     gate: a pointer drafter's copy gate (pointer.py): each row's copy index of its history,
     drafts from the mixture q; gate_q "drafter" verifies them against the drafter's own q
     without the copy (BROKEN).
+    one_hot: greedy drafts verified as one-hot proposals (--speculative-domino-debug-sampled-
+    drafts off, SGLang's DFLASH at T > 0), their q kept as a one-token support.
     Returns the first `tokens` generated ids per row [n, tokens].
     """
     n = rows.seed.shape[0]
@@ -124,6 +127,9 @@ def run_domino(target: TinyTarget, head: HeadParams, rows: SamplingRows, verify,
             copy = PointerCopy(gate, indexes, torch.device("cpu"))
         drafts, q = sampled_rollout(z, x_t, head, rows, u.draft, candidate_pool=pool,
                                     temperature_scale=scale, copy=copy)
+        if one_hot:
+            drafts = greedy_rollout(z, x_t, head, pool)
+            q = one_hot_proposal(drafts, torch.ones(n, dtype=torch.bool), None, V)
         if gate is not None:
             run_domino.outside += int((~torch.isin(drafts, head.vocab)).sum()
                                       if head.vocab is not None else 0)
@@ -636,3 +642,14 @@ def test_offers_verify_alike_as_one_token_supports():
                                                          vocab_size), rows, u)
     got = verify_mixed(chain, logits, mixed, rows, u)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_greedy_drafts_verified_one_hot_keep_sampling_exact():
+    """Greedy drafts verified as one-hot proposals (how SGLang's DFLASH serves T > 0, and
+    DOMINO under --speculative-domino-debug-sampled-drafts off): the committed tokens follow
+    the target's distribution, as with sampled drafts."""
+    target, head = TinyTarget(), make_head(0)
+    rows = make_rows(N, **CASES["top_k_top_p_min_p"])
+    samples = run_domino(target, head, rows, verify_mixed, one_hot=True)
+    stat, crit, forbidden = chi_square(samples, target.joint3(rows))
+    assert forbidden == 0 and stat < crit

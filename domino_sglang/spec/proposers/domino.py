@@ -16,7 +16,7 @@ the copy indexes and the rollout graphs; the draft pass is handed in.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -24,6 +24,7 @@ from domino_sglang.spec.graphs import RolloutGraphs
 from domino_sglang.spec.pointer import CopyPaths
 from domino_sglang.spec.proposers.protocol import DraftSlots, Proposal
 from domino_sglang.spec.rollout import HeadParams, greedy_rollout, sampled_rollout
+from domino_sglang.spec.sampling import SparseQ
 
 DraftPass = Callable[[object, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -59,16 +60,24 @@ class DominoProposer:
         self.use_head = options.head  # off: backbone only, the DFlash baseline
         self.short_draft = options.short_draft  # the pass drafts L tokens, not B
         self.temperature_scale = options.draft_temperature_scale  # sampled q at T * scale
+        # off: sampled requests draft greedily, verified as one-hot proposals (DFLASH at T > 0)
+        self.sampled_drafts = options.sampled_drafts
         # the head rollout's static runners (worker.init_cuda_graphs), or None
         self.rollout_graphs: RolloutGraphs | None = None
 
     def propose(self, batch, plan, at: DraftSlots, proposal: Proposal) -> Proposal:
         """Fill chain[:, 1:L] of every row by one backbone pass and the head's rollout of L-1
-        tokens, greedily or (at.rows given) sampled from q; a pointer drafter mixes in its copy
-        path. Returns q (sampled) and its DominoReport (greedy: the backbone's argmax picks and
+        tokens, greedily or (at.rows given) sampled from q (with sampled drafts off: greedily,
+        verified against a one-hot q); a pointer drafter mixes in its copy path. Returns q
+        (sampled) and its DominoReport (greedy: the backbone's argmax picks and
         the copied positions)."""
         if not plan.draft_pass:
             return proposal
+        if at.rows is not None and not self.sampled_drafts:  # greedy drafts, one-hot q
+            drafted = self.propose(batch, plan, replace(at, rows=None, u=None), proposal)
+            q = SparseQ.one_hot(at.chain[:, 1:plan.length], self.head.vocab_size)
+            return replace(drafted, q=q, reports={self.name: DominoReport(
+                pointer=self.copy is not None)})
         length, chain = plan.length, at.chain
         width = length if self.short_draft else self.block_size  # W, the tokens drafted
         bonus = chain[:, 0]
