@@ -90,6 +90,14 @@ METHODS: Mapping[str, Method] = MappingProxyType({
                             _domino(D + "debug-sampled-drafts", "off")),
     # the adaptive policy without prompt lookup: Domino's drafts only
     "domino-adaptive-nolookup": Method("DOMINO adaptive, no lookup", _domino(D + "lookup", "off")),
+    # DOMINO run the way SGLang's DFLASH runs a Domino drafter, for the side by side where stock
+    # DFLASH cannot start (the CPU: SGLang refuses DFLASH off CUDA / NPU / XPU): the full block
+    # every round, no prompt lookup, no draft vocabulary, no copy gate, the whole block drafted,
+    # greedy drafts verified as one-hot proposals at T > 0. The rollout equals upstream's
+    # domino_greedy_rollout (tests/model/test_upstream_equivalence.py); the runtime is DOMINO's
+    "dflash-like": Method("DFLASH-like drafting, DOMINO runtime", _domino(
+        *_FULL_BLOCK, D + "draft-vocab", "off", D + "debug-copy", "off",
+        D + "debug-short-draft", "off", D + "debug-sampled-drafts", "off")),
     # every round plain (L = 1): what serving through the DOMINO worker costs with no
     # speculation at all (the adaptive policy's floor, probes and warm-up aside)
     "domino-plain": Method("DOMINO plain rounds", _domino(D + "debug-draft-len", "1")),

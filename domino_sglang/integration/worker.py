@@ -259,7 +259,7 @@ class DominoWorker(BaseSpecWorker):
         if not plan.sampled:
             return DraftSlots(chain, positions, slots.view(bs, -1))
         rows = SamplingRows.from_sampling_info(batch.sampling_info, plan.seeds,
-                                               plan.top_k_bounded)
+                                               plan.top_k_bounded, plan.top_k_width)
         u = RoundUniforms.for_round(rows.seed, prefix_lens, plan.length)
         return DraftSlots(chain, positions, slots.view(bs, -1), rows, u)
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from domino_sglang.spec.sampling import TOP_K_BOUND
+
 
 @dataclass(frozen=True)
 class Offer:
@@ -36,6 +38,7 @@ class RoundPlan:
     sampled:    whether any request samples (else every row is greedy)
     seeds:      each request's sampling_seed (None: fresh randomness)
     top_k_bounded: every request's top_k <= sampling.TOP_K_BOUND (read on the host)
+    top_k_width: the largest request's top_k where bounded (the K its filter ranks)
     asked:      whether offering proposers were asked this round (debug log)
     """
 
@@ -48,6 +51,7 @@ class RoundPlan:
     seeds: list[int | None]
     asked: bool
     top_k_bounded: bool = False
+    top_k_width: int = TOP_K_BOUND
 
     @property
     def kind(self) -> str:

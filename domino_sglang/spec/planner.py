@@ -103,7 +103,8 @@ class RoundPlanner:
         bounded = sampled and all(k <= TOP_K_BOUND for k in top_ks)
         return RoundPlan(length=length, draft_pass=length > 1 and not offer_only, offers=offers,
                          capped_host=capped_host, capped=capped, sampled=sampled,
-                         seeds=seeds, asked=asked, top_k_bounded=bounded)
+                         seeds=seeds, asked=asked, top_k_bounded=bounded,
+                         top_k_width=max(top_ks) if bounded else TOP_K_BOUND)
 
     def ask(self, batch, capped: list[bool] | None) -> tuple[dict[str, Offer], list[bool]]:
         """Every offering proposer's drafts, in order, each for the rows no earlier one found

@@ -68,6 +68,9 @@ class SamplingRows:
     need_min_p: bool = True  # some row filters by min-p
     has_greedy: bool = True  # some row is greedy (top_k <= 1)
     top_k_bounded: bool = False  # every row's top_k <= TOP_K_BOUND (False is always safe)
+    # the K a bounded filter ranks: at least every row's top_k (the batch's largest where the
+    # host knows it: a partial top-k costs with K; TOP_K_BOUND in static shapes, graphs.py)
+    top_k_width: int = TOP_K_BOUND
 
     @property
     def greedy(self) -> torch.Tensor:  # [N] bool
@@ -84,16 +87,16 @@ class SamplingRows:
         r = lambda t: t.repeat_interleave(n, dim=0)  # noqa: E731
         return SamplingRows(r(self.temperature), r(self.top_k), r(self.top_p), r(self.min_p),
                             r(self.seed), self.need_sort, self.need_min_p, self.has_greedy,
-                            self.top_k_bounded)
+                            self.top_k_bounded, self.top_k_width)
 
     @classmethod
-    def from_sampling_info(cls, info, seeds: list[int | None], top_k_bounded: bool = False
-                           ) -> SamplingRows:
+    def from_sampling_info(cls, info, seeds: list[int | None], top_k_bounded: bool = False,
+                           top_k_width: int = TOP_K_BOUND) -> SamplingRows:
         """From SGLang's SamplingBatchInfo (`temperatures` [bs, 1], `top_ks`, `top_ps`,
         `min_ps`, the need_* flags) and each request's `sampling_seed` (None: a fresh random
-        seed this round); `top_k_bounded` read on the host (RoundPlan). SGLang ORs its flags
-        when batches merge and keeps them when requests leave, so they over-approximate; a
-        greedy row has top_k = 1, which sets need_top_k_sampling."""
+        seed this round); `top_k_bounded` and `top_k_width` read on the host (RoundPlan).
+        SGLang ORs its flags when batches merge and keeps them when requests leave, so they
+        over-approximate; a greedy row has top_k = 1, which sets need_top_k_sampling."""
         device = info.temperatures.device
         seed = torch.randint(0, 2**62, (len(seeds),), dtype=torch.int64, device=device)
         if any(s is not None for s in seeds):  # one host-to-device copy, only with seeds
@@ -105,7 +108,8 @@ class SamplingRows:
                    top_p=info.top_ps.float(), min_p=info.min_ps.float(), seed=seed,
                    need_sort=bool(info.need_top_k_sampling or info.need_top_p_sampling),
                    need_min_p=bool(info.need_min_p_sampling),
-                   has_greedy=bool(info.need_top_k_sampling), top_k_bounded=top_k_bounded)
+                   has_greedy=bool(info.need_top_k_sampling), top_k_bounded=top_k_bounded,
+                   top_k_width=top_k_width)
 
 
 def process_logits(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
@@ -113,14 +117,14 @@ def process_logits(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
 
     Passes over [N, V] are skipped when the host flags say no row needs them: temperature-only
     rows cost the division and the softmax. With every row's top_k <= TOP_K_BOUND
-    (rows.top_k_bounded), top-k / top-p rank only the K = TOP_K_BOUND most likely tokens
+    (rows.top_k_bounded), top-k / top-p rank only the K = rows.top_k_width most likely tokens
     (torch.topk, sorted): every token past rank K is dropped by top-k anyway, and the mass
     before each of the first K is the same prefix sum of the same descending probabilities
     as the whole sort's, so the kept set is the same."""
     probs = torch.softmax(logits.float() / rows.temperature[:, None], dim=-1)
     if rows.need_sort:
         if rows.top_k_bounded:
-            sorted_p, idx = probs.topk(min(TOP_K_BOUND, probs.shape[-1]), dim=-1)  # [N, K]
+            sorted_p, idx = probs.topk(min(rows.top_k_width, probs.shape[-1]), dim=-1)  # [N, K]
         else:
             sorted_p, idx = probs.sort(dim=-1, descending=True)  # [N, V]
         mass_before = sorted_p.cumsum(dim=-1) - sorted_p  # from the UNfiltered sort, as SGLang

@@ -549,6 +549,13 @@ def test_bounded_top_k_filters_as_the_whole_sort_without_sorting():
     torch.testing.assert_close(bounded, whole, rtol=0, atol=1e-7)
     assert int((bounded[3] > 0).sum()) == TOP_K_BOUND  # the flat row: top-k decided it
     assert (bounded[1] > 0).sum() == 1  # the greedy row
+    # ranking only the batch's largest top_k (the planner's width on the host) keeps the same
+    narrow = {k: v[[0, 1, 2, 4, 5]] for k, v in kw.items()}  # rows with top_k <= 40
+    rows = [0, 1, 2, 4, 5]
+    for width in (40, 41, TOP_K_BOUND):
+        got = process_logits(logits[rows], SamplingRows(**narrow, top_k_bounded=True,
+                                                        top_k_width=width))
+        torch.testing.assert_close(got, whole[rows], rtol=0, atol=1e-7)
 
 
 def _pointer_copy(gate: nn.Linear, histories: list[list[int]]) -> PointerCopy:
