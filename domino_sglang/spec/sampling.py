@@ -202,6 +202,28 @@ def support(q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], width: int
     return support((ids, probs), width) if ids.shape[1] < width else (ids, probs)
 
 
+def top_k_support(logits: torch.Tensor, rows: SamplingRows) -> tuple[torch.Tensor, torch.Tensor]:
+    """process_logits for rows that are all top-k bounded, kept as the support: (probs [N, K],
+    ids [N, K]), K = min(rows.top_k_width, V), the K most likely tokens in descending order
+    (greedy rows: all the mass at column 0, on their argmax). The same distribution as
+    process_logits(logits, rows) (the same filters in the same order), without any pass over
+    [N, V] after the softmax and the partial top-k: a token drawn from it costs K, not V."""
+    probs = torch.softmax(logits.float() / rows.temperature[:, None], dim=-1)
+    sorted_p, ids = probs.topk(min(rows.top_k_width, probs.shape[-1]), dim=-1)  # [N, K]
+    mass_before = sorted_p.cumsum(dim=-1) - sorted_p
+    rank = torch.arange(sorted_p.shape[-1], device=probs.device)
+    drop = (rank[None] >= rows.top_k[:, None]) | (mass_before > rows.top_p[:, None])
+    kept = sorted_p.masked_fill(drop, 0.0)
+    if rows.need_min_p:  # relative to the top probability, column 0 (never filtered)
+        kept = kept.masked_fill(kept < kept[:, :1] * rows.min_p[:, None], 0.0)
+    kept = kept / kept.sum(dim=-1, keepdim=True)
+    if rows.has_greedy:  # one-hot at the first maximal index, as process_logits
+        greedy = rows.greedy[:, None]  # [N, 1]
+        ids = torch.where(greedy & (rank[None] == 0), argmax(logits)[:, None], ids)
+        kept = torch.where(greedy, (rank[None] == 0).to(kept.dtype), kept)
+    return kept, ids
+
+
 def _mix32(h: torch.Tensor) -> torch.Tensor:
     """MurmurHash3's 32-bit finaliser on int64 tensors holding values in [0, 2^32).
 

@@ -37,6 +37,7 @@ from domino_sglang.spec.sampling import (
     SparseQ,
     process_logits,
     sample_from,
+    top_k_support,
 )
 
 
@@ -121,8 +122,14 @@ def verify_mixed(chain: torch.Tensor, logits: torch.Tensor, q: torch.Tensor | Sp
                  rows: SamplingRows, u: RoundUniforms) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch mixing greedy and sampled requests: logits [bs, B, V] are the target's verify
     logits after the request's logit adjustments (penalties, bias, grammar mask); q and u from
-    the sampled rollout. Greedy rows (top_k <= 1) take verify_greedy's exact argmax path."""
+    the sampled rollout. Greedy rows (top_k <= 1) take verify_greedy's exact argmax path.
+    A plain round (B = 1) whose rows are all top-k bounded draws its token from the support of
+    p_0 alone (sampling.top_k_support: K columns, not V), the same distribution."""
     bs, block, vocab = logits.shape
+    if block == 1 and rows.top_k_bounded:
+        probs, ids = top_k_support(logits[:, 0], rows)  # [bs, K]
+        drawn = ids.gather(1, sample_from(probs, u.resample[:, 0])[:, None])  # [bs, 1]
+        return drawn.to(chain.dtype), torch.ones_like(chain[:, 0])
     p = process_logits(logits.reshape(-1, vocab), rows.repeat(block)).view(bs, block, vocab)
     tokens, accept_len = verify_sampled(chain, q, p, u.accept, u.resample)
     if not rows.has_greedy:

@@ -466,6 +466,44 @@ def test_single_token_round_is_plain_sampling():
     assert float((freq - p.double()).abs().sum()) / 2 < 0.02  # TV; sd ~ 0.004 at N = 20000
 
 
+def test_bounded_single_token_round_draws_from_the_support():
+    """A plain round whose rows are all top-k bounded (Qwen3's defaults) draws from p_0's
+    support alone (top_k_support, K columns): that support is process_logits' distribution
+    (greedy rows one-hot at the argmax, min-p, top-p), and the drawn tokens follow it."""
+    from domino_sglang.spec.sampling import top_k_support
+
+    g = torch.Generator().manual_seed(4)
+    vocab = 40
+    logits = 2 * torch.randn(N, 1, vocab, generator=g)
+    pattern = lambda *v: torch.tensor(v * (N // len(v)))  # noqa: E731
+    rows = SamplingRows(temperature=pattern(0.6, 1.0, 0.8, 1.0).float(),
+                        top_k=pattern(20, 5, 1, 12), top_p=pattern(0.95, 1.0, 1.0, 0.7).float(),
+                        min_p=pattern(0.0, 0.05, 0.0, 0.0).float(),
+                        seed=torch.arange(N), top_k_bounded=True, top_k_width=20)
+    p = process_logits(logits[:, 0], rows)  # [N, V]
+    probs, ids = top_k_support(logits[:, 0], rows)
+    assert ids.shape == (N, 20)
+    dense = torch.zeros(N, vocab).scatter_add_(1, ids, probs)
+    torch.testing.assert_close(dense, p, rtol=0, atol=1e-6)
+    u = RoundUniforms.for_round(rows.seed, torch.zeros(N, dtype=torch.int64), 1)
+    tokens, acc = verify_mixed(torch.zeros(N, 1, dtype=torch.int64), logits,
+                               torch.zeros(N, 0, vocab), rows, u)
+    assert tokens.shape == (N, 1) and torch.all(acc == 1)
+    greedy = rows.top_k == 1
+    assert torch.equal(tokens[greedy, 0], logits[greedy, 0].argmax(-1))
+    from scipy.stats import chisquare
+
+    for r in range(4):  # each row kind against its own processed distribution (a mixture)
+        picked = torch.arange(N) % 4 == r
+        counts = torch.bincount(tokens[picked, 0], minlength=vocab).double()
+        expected = p[picked].double().sum(0)  # sums to the rows picked
+        kept = expected > 0
+        assert float(counts[~kept].sum()) == 0, r  # never a token the filters removed
+        if int(kept.sum()) > 1:
+            stat = chisquare(counts[kept].numpy(), expected[kept].numpy())
+            assert stat.pvalue > ALPHA, (r, stat)
+
+
 def test_seeded_uniform_is_uniform_and_pure():
     seed = torch.arange(2000, dtype=torch.int64) * 7919 - 10**12
     pos = torch.arange(50)[None].expand(2000, -1)
