@@ -160,13 +160,16 @@ def head_step(head: HeadParams, z_i: torch.Tensor, s: torch.Tensor, base_i: torc
     """Corrected logits of position i (>= 1): base_i + W2 silu(W1 [z_i ; s]).
 
     Returns [bs, V] over the vocabulary ([bs, Vd] over a draft vocabulary), or [bs, K] over
-    the candidate pool.
+    the candidate pool. A tree's branches (tree.py): z_i [bs, b, H], s [bs, b, G] and base_i
+    [bs, 1, C] give [bs, b, C].
     """
     hidden = head.embed_proj[1](head.embed_proj[0](torch.cat((z_i, s), dim=-1)))  # [bs, E]
     if cand is None and head.vocab is not None:
         return base_i + F.linear(hidden, head.vocab_out_weight.to(hidden.dtype))
     if cand is None:
         return base_i + head.embed_proj[2](hidden)
+    if hidden.dim() == 3:  # [bs, b, E] x [bs, E, K]
+        return cand.base[:, i, None] + torch.bmm(hidden, cand.out_weight.transpose(1, 2))
     return cand.base[:, i] + torch.bmm(cand.out_weight, hidden.unsqueeze(-1)).squeeze(-1)
 
 

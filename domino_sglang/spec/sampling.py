@@ -174,10 +174,6 @@ class SparseQ:
         """The whole q [bs, n, V] (tests, small shapes)."""
         return self.probs.new_zeros(self.shape).scatter_add_(2, self.ids, self.probs)
 
-    def first(self, bs: int) -> SparseQ:
-        """The first bs requests' (a static buffer's real rows)."""
-        return SparseQ(self.ids[:bs], self.probs[:bs], self.vocab)
-
     @staticmethod
     def one_hot(drafts: torch.Tensor, vocab: int) -> SparseQ:
         """Every row one-hot at its drafts [bs, n] (an offer: a proposal fixed in advance)."""
@@ -193,13 +189,12 @@ def support(q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], width: int
     at most `width` tokens of positive probability, which the caller knows)."""
     if isinstance(q, tuple):
         ids, weights = q
-        if ids.shape[1] <= width:
-            pad = width - ids.shape[1]
-            return (torch.cat((ids, ids.new_zeros(ids.shape[0], pad)), 1),
-                    torch.cat((weights, weights.new_zeros(weights.shape[0], pad)), 1))
+    else:
+        weights, ids = q.topk(min(width, q.shape[1]), dim=-1, sorted=False)
+    pad = width - ids.shape[1]
+    if pad < 0:
         raise ValueError(f"support: {ids.shape[1]} entries, {width} kept")
-    probs, ids = q.topk(min(width, q.shape[1]), dim=-1, sorted=False)
-    return support((ids, probs), width) if ids.shape[1] < width else (ids, probs)
+    return (torch.nn.functional.pad(ids, (0, pad)), torch.nn.functional.pad(weights, (0, pad)))
 
 
 def top_k_support(logits: torch.Tensor, rows: SamplingRows) -> tuple[torch.Tensor, torch.Tensor]:

@@ -131,6 +131,46 @@ def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
     return rounds
 
 
+@torch.no_grad()
+def replay_tree_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict, size: int,
+                       width: int, short_draft: bool = False) -> int:
+    """Verify rounds a tree round of `size` tokens (spec/tree.py, width K) needs to commit rec's
+    generated tokens, as replay_rounds counts a chain's: each round grows the tree from the
+    block's states with the chain the drafter drafts (pointer copy included) as a branch,
+    and commits the path of drafts equal to the record's next tokens, then one token. A node off
+    that path never matters: its children are never followed, so the record's tokens stand for
+    the target's choices. short_draft: a tree shallower than the block drafts from
+    [x_a, MASK x (size - 1)] alone (the worker's short draft)."""
+    from domino_sglang.model.config import DEFAULT_CANDIDATE_POOL
+    from domino_sglang.spec.rollout import greedy_rollout
+    from domino_sglang.spec.tree import follow, grow_tree
+
+    ids = torch.tensor(rec["ids"], device=module.embed_weight.device)  # [T]
+    f = feats(rec)  # [T, K*H]
+    T, B, head = len(ids), module.drafter.conf.block_size, head_params(module)
+    depth = min(size, B) - 1
+    a, rounds = rec["start"], 0
+    index = CopyIndex()
+    while a < T - 1:
+        rounds += 1
+        short = torch.tensor([depth + 1]) if short_draft and depth + 1 < B else None
+        z, _, _ = module._blocks(ids, f, [a], B, short)  # [1, B-1, H]
+        z = torch.cat((z, z[:, -1:]), dim=1)[:, :depth + 1]  # [1, D+1, H]
+        copy = None
+        if module.drafter.copy_gate is not None:
+            index.sync(rec["ids"][:a + 1])
+            copy = PointerCopy(module.drafter.copy_gate, [index], ids.device)
+        bonus = ids[a:a + 1]
+        chain = greedy_rollout(z, bonus, head, DEFAULT_CANDIDATE_POOL, copy=copy)  # [1, D]
+        tree = grow_tree(z, bonus, head, size, width, branches=(chain,),
+                         candidate_pool=DEFAULT_CANDIDATE_POOL)
+        at = a + tree.depths + 1  # [1, N] where the token after each node sits in the record
+        choice = torch.where(at < T, ids[at.clamp(max=T - 1)], -1)
+        _, accept_len, _ = follow(tree, choice)
+        a += int(accept_len)
+    return rounds
+
+
 def _pointer(module: DrafterTrainModule, histories: list[list[int]]) -> PointerCopy | None:
     """A pointer drafter's copy path for blocks whose histories (x_t last) are given; None for
     a drafter without a copy gate."""
