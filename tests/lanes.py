@@ -30,7 +30,7 @@ TESTS = Path(__file__).resolve().parent
 # ~20 of the server lane's ~65 minutes (CI, 2026-12-03): what lane 1 runs after the in-process tests
 LANE_1_SERVER_TESTS = ["reliability", "server/test_router.py", "server/test_sync_budget.py",
                        "server/test_observability_server.py", "server/test_local_server.py",
-                       "server/test_train_new_target.py"]
+                       "server/test_train_new_target.py", "server/test_tree_server.py"]
 
 
 def lanes(extra: list[str]) -> dict[str, list[list[str]]]:

@@ -136,7 +136,7 @@ def build_round(server_args, gpu_id: int, nccl_port: int, target_worker) -> Roun
     for name in OFFERING:  # each registered one's series, at 0 where it is off
         metrics.declare_offering(name)
     planner = RoundPlanner(policy, block_size, device, offering,
-                           bans_only=supports_sampling_mask)
+                           bans_only=supports_sampling_mask, tree_width=opts.tree_width)
     # every rank decides as one (tp.py): the policy learns from rank 0's round times, the
     # captures from the group's least free memory, the verdict is rank 0's
     cpu_group = tp_cpu_group()

@@ -126,12 +126,13 @@ def block_slots(model_runner, batch, prefix_lens: torch.Tensor, width: int, devi
     )
 
 
-def verify_forward(target_worker, batch, chain, positions, slots):
+def verify_forward(target_worker, batch, chain, positions, slots, custom_mask=None):
     """Target TARGET_VERIFY forward over [x_t, d_1..d_{B-1}]: logits of every position and
-    the drafter's target-layer features."""
+    the drafter's target-layer features. custom_mask: a draft tree's (tree.DraftTree.
+    custom_mask, SGLang's FULL_MASK layout) in place of the chain's causal rule."""
     verify_input = DFlashVerifyInput(
         draft_token=chain.reshape(-1), positions=positions, draft_token_num=chain.shape[1],
-        custom_mask=None, capture_hidden_mode=CaptureHiddenMode.FULL,
+        custom_mask=custom_mask, capture_hidden_mode=CaptureHiddenMode.FULL,
     )
     batch.out_cache_loc = slots
     with host_lens_grown(batch, chain.shape[1]):  # host bound = committed prefix + one block

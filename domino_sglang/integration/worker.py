@@ -45,6 +45,7 @@ from domino_sglang.spec.context import DeferredContext
 from domino_sglang.spec.plan import RoundPlan
 from domino_sglang.spec.proposers.protocol import DraftSlots, Proposal
 from domino_sglang.spec.sampling import RoundUniforms, SamplingRows
+from domino_sglang.spec.tree import DraftTree, follow, target_choices
 from domino_sglang.spec.verify import Verdict, verify_greedy, verify_mixed
 
 
@@ -226,8 +227,8 @@ class DominoWorker(BaseSpecWorker):
         slots = at.slots[:, :length].reshape(-1)
         clock.mark()  # drafted
         logits_output, hidden, logits = self.verify(batch, plan, chain, positions, slots,
-                                                    grammar_barrier)  # 3
-        verdict = self.accept(plan, chain, logits, proposal, at.rows, at.u)  # 4
+                                                    grammar_barrier, proposal.tree)  # 3
+        verdict = self.accept(plan, chain, logits, proposal, at, prefix_lens)  # 4
         clock.mark()  # verified
         new_seq_lens = self.commit(batch, plan, prefix_lens, verdict, logits_output, hidden,
                                    positions, slots, on_publish)  # 5
@@ -263,13 +264,22 @@ class DominoWorker(BaseSpecWorker):
         u = RoundUniforms.for_round(rows.seed, prefix_lens, plan.length)
         return DraftSlots(chain, positions, slots.view(bs, -1), rows, u)
 
-    def verify(self, batch, plan: RoundPlan, chain, positions, slots, grammar_barrier):
+    def verify(self, batch, plan: RoundPlan, chain, positions, slots, grammar_barrier,
+               tree: DraftTree | None = None):
         """3. The target's forward over the chain [bs, L]: (its output, the drafter's target-layer
         features, the verify logits [bs, L, V] processed as plain decoding's). A plain round runs
-        the target's own DECODE forward where it can (plain_decode_forward)."""
+        the target's own DECODE forward where it can (plain_decode_forward); a tree round
+        verifies its nodes under the tree's mask, eagerly (no graphs are captured for trees)."""
         grammar = GrammarTree.from_linear_chain(chain) if batch.has_grammar else None
         if plan.length == 1 and self.plain_decode_forward:
             logits_output, hidden = decode_forward(self._target_worker, batch, chain, slots)
+        elif tree is not None:
+            prefix_sum = int((batch.seq_lens_cpu if batch.seq_lens_cpu is not None
+                              else batch.seq_lens).sum())
+            with bound_runtime(self.model_runner, None):
+                logits_output, hidden = verify_forward(
+                    self._target_worker, batch, chain, positions, slots,
+                    tree.custom_mask(batch.seq_lens, prefix_sum))
         else:  # at a captured width (the planner's), through its runtime where one was captured
             runtime = self.verify_runtimes.get(plan.length)
             # the GPU shape: widths are captured ones
@@ -283,10 +293,20 @@ class DominoWorker(BaseSpecWorker):
         logits = target_logits(batch, logits_output, grammar, grammar_barrier)  # [bs, L, V]
         return logits_output, hidden, logits
 
-    def accept(self, plan: RoundPlan, chain, logits, proposal: Proposal, rows, u) -> Verdict:
+    def accept(self, plan: RoundPlan, chain, logits, proposal: Proposal, at: DraftSlots,
+               prefix_lens) -> Verdict:
         """4. Greedy: the longest matching prefix; sampled: exact rejection sampling against q
-        (verify.py). One-token rows then commit their first token only."""
-        target_choice = None
+        (verify.py). One-token rows then commit their first token only. A tree: the path the
+        target's own choices follow (tree.py), greedy or sampled."""
+        target_choice, rows, u = None, at.rows, at.u
+        if proposal.tree is not None:
+            choice = target_choices(logits, proposal.tree.depths, prefix_lens,
+                                    rows if plan.sampled else None)  # [bs, L]
+            tokens, accept_lens, path = follow(proposal.tree, choice)
+            both, accept_lens, judged = self.parts.agree.same_verdict(
+                torch.cat((tokens, path), dim=1), accept_lens, accept_lens, plan.sampled)
+            return Verdict(both[:, :plan.length], accept_lens, judged, None,
+                           both[:, plan.length:])
         if plan.sampled:
             q = (proposal.q if plan.length > 1
                  else logits.new_zeros(logits.shape[0], 0, logits.shape[-1]))
@@ -314,12 +334,37 @@ class DominoWorker(BaseSpecWorker):
         new_seq_lens = prefix_lens + verdict.accept_lens.to(prefix_lens.dtype)
         if on_publish is not None:
             on_publish(new_seq_lens)
+        if verdict.path is not None:  # a tree: the accepted path to positions prefix .. + a
+            hidden, positions, slots = self.settle_tree(batch, prefix_lens, verdict, hidden,
+                                                        slots)
         if plan.length == 1:
             self.context.defer(hidden, positions, slots)
         else:
             self.write_draft_context(hidden, positions, slots)
         logits_output.hidden_states = None
         return new_seq_lens
+
+    def settle_tree(self, batch, prefix_lens, verdict: Verdict, hidden, slots):
+        """A tree round's nodes sit at the block's slots in node order; the accepted path's
+        must be positions prefix .. prefix + a. Their K/V stay where they are: the request's
+        req_to_token points positions prefix .. prefix + L - 1 at the block's own slots in a
+        new order, the path's nodes first (depth by depth), then the others (their positions
+        lie past the new length: overwritten by the next round). Returns the target features,
+        positions and slots [bs * L] in that order, for the draft context."""
+        path = verdict.path  # [bs, L]
+        bs, n = path.shape
+        at = torch.arange(n, device=path.device)
+        key = (n + at).repeat(bs, 1)  # nodes off the path after it, in node order
+        key.scatter_reduce_(1, path, at.expand(bs, n), reduce="amin")  # path node k: key k
+        order = key.argsort(dim=1)  # [bs, L] the node at each position
+        slots = slots.view(bs, n).gather(1, order)
+        positions = prefix_lens.long()[:, None] + at  # [bs, L]
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        req_to_token[batch.req_pool_indices.long()[:, None], positions] = slots.to(
+            req_to_token.dtype)
+        hidden = hidden.view(bs, n, -1)
+        hidden = hidden.gather(1, order[..., None].expand(-1, -1, hidden.shape[-1]))
+        return hidden.reshape(bs * n, -1), positions.reshape(-1), slots.reshape(-1)
 
     def write_draft_context(self, target_hidden: torch.Tensor, positions: torch.Tensor,
                             slots: torch.Tensor) -> None:

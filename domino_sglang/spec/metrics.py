@@ -48,7 +48,7 @@ DRAFT_LEN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 # processors; planner.one_token_flags). Every other request feature (sampling, logit bias, grammar
 # masks, logprobs) is verified speculatively.
 FALLBACK_REASONS = ("adaptive_policy", "one_token_requests")
-ROUND_KINDS = ("plain", "draft", "mixed", "copy")
+ROUND_KINDS = ("plain", "draft", "mixed", "copy", "tree")
 MAX_PENDING_CLOCKS = 64  # round clocks kept until their CUDA events complete (RoundClock)
 
 
@@ -181,7 +181,8 @@ class DominoMetrics:
         self.round_kinds = counter(
             "rounds_total",
             "Batched decode rounds by `kind`: plain (L = 1), draft (the drafter's), mixed (the "
-            "drafter's and copied rows), copy (every row copied, no draft pass).", ("kind",))
+            "drafter's and copied rows), copy (every row copied, no draft pass), tree (the "
+            "drafter's draft tree).", ("kind",))
         self.fallbacks = counter(
             "fallback_requests_total",
             "Request-rounds decoded without speculation (L = 1), by `reason`.",
@@ -193,7 +194,8 @@ class DominoMetrics:
             "declined the batch), batch_size / sampled_batch_size / history_length (the head "
             "rollout's graphs have no bucket for it), not_captured (a rollout key not built at "
             "start-up, e.g. a logit bias or a longer history: its static buffers run eagerly), "
-            "host_copy_index, verify_width (a verify at a width without captured graphs).",
+            "host_copy_index, verify_width (a verify at a width without captured graphs), "
+            "tree (a tree round's rollout and verify).",
             ("reason",))
         self.draft_time = histogram(
             "draft_seconds", "Wall time of one round's draft (backbone + head rollout).",

@@ -95,6 +95,13 @@ def _copy_index(text: str, flag: str) -> str:
     return text
 
 
+def _width(text: str, flag: str) -> int:
+    value = str(text).strip()
+    if not value.isdigit():
+        raise DominoOptionError(f"{flag} must be an integer K >= 0 (0 = chains), got {text!r}")
+    return int(value)
+
+
 def _text(text: str, flag: str) -> str:
     if not str(text).strip():
         raise DominoOptionError(f"{flag} must not be empty")
@@ -132,6 +139,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("draft_temperature_scale", _scale, "S",
          "sampled requests draft at temperature T * S (sampling.py). Default: the drafter's "
          "config (draft_temperature_scale), else 1."),
+    Flag("tree_width", _width, "K",
+         "verify a draft tree of the round's L tokens instead of a chain (tree.py): the head's "
+         "K likeliest tokens per node, best-first by the path's draft probability, beside the "
+         "drafted chain; exact at any temperature. 0 = chains. Default 0."),
     Flag("draft_vocab", parse_bool, ONOFF,
          "draft over the drafter's reduced vocabulary (draft_vocab.json, or "
          "--speculative-token-map); off = the full vocabulary. Default on."),
@@ -184,6 +195,7 @@ class DominoConfig:
     short_draft: bool
     adaptive: bool = True
     lookup: bool = True
+    tree_width: int = 0  # K children per tree node; 0: rounds verify chains
     draft_vocab: bool = True
     token_map: str | None = None  # a draft_vocab.json replacing the drafter's
     # -- debug (ablation / measurement) --

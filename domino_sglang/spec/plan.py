@@ -23,7 +23,7 @@ class Offer:
     longest: int
 
 
-ROUND_KINDS = ("plain", "draft", "copy", "mixed")  # metrics.ROUND_KINDS counts these
+ROUND_KINDS = ("plain", "draft", "copy", "mixed", "tree")  # metrics.ROUND_KINDS counts these
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ class RoundPlan:
     top_k_bounded: every request's top_k <= sampling.TOP_K_BOUND (read on the host)
     top_k_width: the largest request's top_k where bounded (the K its filter ranks)
     asked:      whether offering proposers were asked this round (debug log)
+    tree_width: K > 0: the L tokens verified form a draft tree, K children a node (tree.py);
+                0: a chain
     """
 
     length: int
@@ -52,12 +54,16 @@ class RoundPlan:
     asked: bool
     top_k_bounded: bool = False
     top_k_width: int = TOP_K_BOUND
+    tree_width: int = 0
 
     @property
     def kind(self) -> str:
-        """plain (L = 1), copy (no draft pass, every row offered), draft (no offers), mixed."""
+        """plain (L = 1), copy (no draft pass, every row offered), draft (no offers), mixed,
+        tree (the drafter's tree)."""
         if self.length == 1:
             return "plain"
+        if self.tree_width:
+            return "tree"
         if not self.draft_pass:
             return "copy"
         return "mixed" if self.offers else "draft"

@@ -20,7 +20,10 @@ decision:
      offers dropped) or L is pinned (seeds, flags);
   5. a plain round (L = 1) verifies no offers;
   6. L is rounded up to a width the target's verify has graphs for (`widths`; every L on a
-     CPU outside the GPU-shaped mode), with that many real drafts.
+     CPU outside the GPU-shaped mode), with that many real drafts;
+  7. with trees on (`tree_width` K > 0), a round the drafter drafts alone verifies its L tokens
+     as a draft tree (tree.py), unless a row needs the chain: an offer, one-token rows, a
+     grammar (its mask follows a linear chain), logprobs (read by chain position).
 Depends on torch, the proposers' protocol, the policy's interface (draft_len, offer_len,
 may_offer_instead, enabled, pinned) and the fields of SGLang's schedule batch it reads (reqs,
 seq_lens_cpu, spec_info, sampling_info); SGLang's own test of a history-free logit processor is
@@ -50,8 +53,10 @@ class RoundPlanner:
 
     def __init__(self, policy, block_size: int, device,
                  offering: Sequence[OfferingProposer] = (),
-                 bans_only: Callable[[str], bool] = lambda processor: False):
+                 bans_only: Callable[[str], bool] = lambda processor: False,
+                 tree_width: int = 0):
         self.policy = policy
+        self.tree_width = tree_width  # K children a tree node; 0: chains only
         self.bans_only = bans_only
         self.block_size = block_size
         self.device = device
@@ -101,10 +106,13 @@ class RoundPlanner:
         length = width_for(length, self.widths)  # 6: at a captured width
         sampled = not all(greedy_host)
         bounded = sampled and all(k <= TOP_K_BOUND for k in top_ks)
+        tree = (self.tree_width > 0 and length > 2 and not offers and capped_host is None
+                and not batch.has_grammar and not batch.return_logprob)  # 7
         return RoundPlan(length=length, draft_pass=length > 1 and not offer_only, offers=offers,
                          capped_host=capped_host, capped=capped, sampled=sampled,
                          seeds=seeds, asked=asked, top_k_bounded=bounded,
-                         top_k_width=max(top_ks) if bounded else TOP_K_BOUND)
+                         top_k_width=max(top_ks) if bounded else TOP_K_BOUND,
+                         tree_width=self.tree_width if tree else 0)
 
     def ask(self, batch, capped: list[bool] | None) -> tuple[dict[str, Offer], list[bool]]:
         """Every offering proposer's drafts, in order, each for the rows no earlier one found

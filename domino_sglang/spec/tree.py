@@ -102,6 +102,21 @@ class DraftTree:
             up = self.parents.gather(1, up)
         return seen
 
+    def custom_mask(self, prefix_lens: torch.Tensor, prefix_sum: int) -> torch.Tensor:
+        """The mask in SGLang's verify layout (FULL_MASK, as DFLASH's verify input hands it to
+        the attention backend): per request its [N, prefix + N] rows, the prefix all visible,
+        concatenated flat; prefix_sum = sum(prefix_lens), read on the host."""
+        bs, n = self.tokens.shape
+        prefix = prefix_lens.long()
+        row = prefix + n  # [bs] keys of one query row
+        start = torch.cumsum(n * row, 0) - n * row  # [bs] where each request's rows begin
+        at = torch.arange(n, device=prefix.device)
+        index = (start[:, None, None] + at[None, :, None] * row[:, None, None]
+                 + prefix[:, None, None] + at[None, None, :])  # [bs, N, N] the tree's entries
+        out = torch.ones(prefix_sum * n + bs * n * n, dtype=torch.bool, device=prefix.device)
+        out[index.reshape(-1)] = self.mask().reshape(-1)
+        return out
+
     def positions(self, prefix_lens: torch.Tensor) -> torch.Tensor:
         """[bs, N] absolute positions (x_t at prefix_lens)."""
         return prefix_lens.long()[:, None] + self.depths

@@ -45,13 +45,15 @@ from domino_sglang.spec.sampling import (
 class Verdict:
     """The verifier's outcome: tokens [bs, L] (committed prefix of each row: its first
     accept_lens), accept_lens [bs] (a + 1, one-token rows capped at 1), judged [bs] (a + 1
-    before capping: what the policy learns from), target_choice [bs, L] (greedy: the target's
-    argmax; None sampled)."""
+    before capping: what the policy learns from), target_choice [bs, L] (greedy chains: the
+    target's argmax; else None), path [bs, L] (tree rounds: the accepted path's nodes, depth by
+    depth, tree.follow; else None)."""
 
     tokens: torch.Tensor
     accept_lens: torch.Tensor
     judged: torch.Tensor
     target_choice: torch.Tensor | None
+    path: torch.Tensor | None = None
 
 
 def verify_greedy(chain: torch.Tensor, target_choice: torch.Tensor

@@ -44,7 +44,7 @@ def test_the_copy_history_is_sent_before_the_draft_pass(static):
     drafter.static_rollout = rollout
     chain = torch.zeros(BS, B, dtype=torch.int64)
     positions = torch.arange(B).repeat(BS, 1)
-    plan = SimpleNamespace(draft_pass=True, length=B)
+    plan = SimpleNamespace(draft_pass=True, length=B, tree_width=0)
     with pytest.raises(Stop):
         drafter.propose(SimpleNamespace(reqs=[None] * BS), plan,
                         DraftSlots(chain, positions, positions), Proposal())

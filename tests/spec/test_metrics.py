@@ -153,9 +153,9 @@ def test_round_kinds_are_counted():
     m = DominoMetrics({"model_name": "m"}, max_draft_len=16, registry=reg)
     assert reg.get_sample_value("domino_rounds_total",  # every kind exists from the start
                                 {"model_name": "m", "kind": "copy"}) == 0
-    for kind in ("plain", "plain", "draft", "copy"):
+    for kind in ("plain", "plain", "draft", "copy", "tree", "tree", "tree"):
         m.record_kind(kind)
-    assert [value(reg, "domino_rounds_total", kind=k) for k in ROUND_KINDS] == [2, 1, 0, 1]
+    assert [value(reg, "domino_rounds_total", kind=k) for k in ROUND_KINDS] == [2, 1, 0, 1, 3]
 
 
 def test_disabled_metrics_are_no_ops():

@@ -25,6 +25,7 @@ from domino_sglang.spec.pointer import CopyPaths
 from domino_sglang.spec.proposers.protocol import DraftSlots, Proposal
 from domino_sglang.spec.rollout import HeadParams, greedy_rollout, sampled_rollout
 from domino_sglang.spec.sampling import SparseQ
+from domino_sglang.spec.tree import grow_tree
 
 DraftPass = Callable[[object, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -62,6 +63,7 @@ class DominoProposer:
         self.temperature_scale = options.draft_temperature_scale  # sampled q at T * scale
         # off: sampled requests draft greedily, verified as one-hot proposals (DFLASH at T > 0)
         self.sampled_drafts = options.sampled_drafts
+        self.tree_width = options.tree_width  # K children a tree node (tree rounds)
         # the head rollout's static runners (worker.init_cuda_graphs), or None
         self.rollout_graphs: RolloutGraphs | None = None
 
@@ -73,6 +75,8 @@ class DominoProposer:
         the copied positions)."""
         if not plan.draft_pass:
             return proposal
+        if plan.tree_width:  # a tree round: deterministic drafts at any temperature (tree.py)
+            return self.propose_tree(batch, plan, at)
         if at.rows is not None and not self.sampled_drafts:  # greedy drafts, one-hot q
             drafted = self.propose(batch, plan, replace(at, rows=None, u=None), proposal)
             q = SparseQ.one_hot(at.chain[:, 1:plan.length], self.head.vocab_size)
@@ -103,6 +107,28 @@ class DominoProposer:
             return_base_pick=True, copy=copy)
         report = DominoReport(base_pick, None if copy is None else copy.copied(), copy is not None)
         return Proposal(reports={self.name: report})
+
+    def propose_tree(self, batch, plan, at: DraftSlots) -> Proposal:
+        """A tree round: the greedy chain of L - 1 drafts (pointer copy included), then the tree
+        of L tokens grown from the same block states beside it (tree.grow_tree); its tokens and
+        positions over chain[:, :L] and positions[:, :L]. Rolled out eagerly (no static
+        runner grows trees yet: counted as `tree` eager rounds)."""
+        if self.rollout_graphs is not None:
+            self.metrics.record_eager("tree")
+        length, chain = plan.length, at.chain
+        width = length if self.short_draft else self.block_size
+        bonus = chain[:, 0]
+        z = self.draft_pass(batch, chain[:, :width], at.positions[:, :width].reshape(-1),
+                            at.slots[:, :width].reshape(-1))[:, :length]  # [bs, L, H]
+        copy = (self.copy.for_round(batch.reqs, bonus, length - 1, None)
+                if self.copy is not None else None)
+        drafted = greedy_rollout(z, bonus, self.head, self.candidate_pool,
+                                 use_head=self.use_head, copy=copy)  # [bs, L-1]
+        tree = grow_tree(z, bonus, self.head, length, self.tree_width, branches=(drafted,),
+                         candidate_pool=self.candidate_pool)
+        chain[:, :length] = tree.tokens
+        at.positions[:, :length] = tree.positions(at.positions[:, 0])
+        return Proposal(reports={self.name: DominoReport(pointer=copy is not None)}, tree=tree)
 
     def static_rollout(self, batch, z, chain, length: int, at: DraftSlots, copy_history
                        ) -> Proposal | None:

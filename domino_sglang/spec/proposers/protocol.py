@@ -15,7 +15,8 @@ Two kinds serve a round, in order, each seeing the proposal so far:
     policy from that proposer's own acceptance (policy.offer_len, priced by `name`).
 A new offering proposer is one file (a class with `name`, `may_cover` and `offer`) and one line
 in proposers/__init__.py's REGISTRY. The verifier (verify.py) serves every proposer alike, as
-vLLM v1 keeps its proposers apart from its rejection sampler. Depends on torch only.
+vLLM v1 keeps its proposers apart from its rejection sampler. A tree round (tree.py) verifies
+the drafter's tree instead of its chain. Depends on torch, sampling.py and tree.py.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from domino_sglang.spec.sampling import SparseQ
+from domino_sglang.spec.tree import DraftTree
 
 if TYPE_CHECKING:
     from domino_sglang.spec.plan import Offer, RoundPlan
@@ -53,10 +55,13 @@ class Proposal:
                dense or kept as its support (sampling.SparseQ): all the verifier needs besides
                the chain
     reports    proposer name -> what it reports for the metrics (the drafter's DominoReport)
+    tree       a tree round's draft trees (plan.tree_width > 0; tree.py): chain[:, :L] holds
+               their tokens and positions[:, :L] their positions, node by node
     """
 
     q: torch.Tensor | SparseQ | None = None
     reports: dict[str, Any] = field(default_factory=dict)
+    tree: DraftTree | None = None
 
     def with_report(self, name: str, report: Any) -> Proposal:
         return replace(self, reports={**self.reports, name: report})
