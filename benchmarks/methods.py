@@ -88,6 +88,11 @@ METHODS: Mapping[str, Method] = MappingProxyType({
     # DFLASH serves sampled requests): what sampling the drafts from q is worth
     "domino-onehot": Method("DOMINO, one-hot drafts",
                             _domino(D + "debug-sampled-drafts", "off")),
+    # draft trees of width 4 (spec/tree.py) where the drafter drafts alone, the policy's L as the
+    # tree's size; and the same without prompt lookup (every speculative round a tree)
+    "domino-tree": Method("DOMINO, trees K=4", _domino(D + "tree-width", "4")),
+    "domino-tree-nolookup": Method("DOMINO, trees K=4, no lookup",
+                                   _domino(D + "tree-width", "4", D + "lookup", "off")),
     # the adaptive policy without prompt lookup: Domino's drafts only
     "domino-adaptive-nolookup": Method("DOMINO adaptive, no lookup", _domino(D + "lookup", "off")),
     # DOMINO run the way SGLang's DFLASH runs a Domino drafter, for the side by side where stock
