@@ -155,6 +155,20 @@ def make_candidates(base: torch.Tensor, head: HeadParams, k: int) -> Candidates 
     return Candidates(ids=ids, base=pool_base, out_weight=out_weight)
 
 
+@dataclass
+class HeadInputs:
+    """What every rollout of one block shares: the base logits [bs, n, C] and the candidate
+    pool (None: all C columns). A tree round's chain and tree read one (tree.py)."""
+
+    base: torch.Tensor
+    cand: Candidates | None
+
+    @classmethod
+    def of(cls, z: torch.Tensor, head: HeadParams, candidate_pool: int) -> HeadInputs:
+        base = base_logits(z, head)
+        return cls(base, make_candidates(base, head, candidate_pool))
+
+
 def head_step(head: HeadParams, z_i: torch.Tensor, s: torch.Tensor, base_i: torch.Tensor,
               cand: Candidates | None, i: int) -> torch.Tensor:
     """Corrected logits of position i (>= 1): base_i + W2 silu(W1 [z_i ; s]).
@@ -219,7 +233,7 @@ def pointer_pick(copy: PointerCopy, i: int, logits: torch.Tensor,
 @torch.no_grad()
 def greedy_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams,
                    candidate_pool: int = 0, use_head: bool = True, return_base_pick: bool = False,
-                   copy: PointerCopy | None = None
+                   copy: PointerCopy | None = None, inputs: HeadInputs | None = None
                    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Greedy chain d_1..d_{B-1} for every request: [bs, B-1] token ids.
 
@@ -227,8 +241,9 @@ def greedy_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams,
     (DFlash) chain from the same checkpoint. return_base_pick=True also returns the backbone's
     own argmax at each position, [bs, B-1] (where the head changed it: metrics). copy: a
     pointer drafter's copy path (pointer.py): every position drafts q's argmax (pointer_pick).
+    inputs: the block's base logits and pool where the caller has them (HeadInputs.of).
     """
-    base = base_logits(z, head)  # [bs, B-1, V]
+    base = base_logits(z, head) if inputs is None else inputs.base  # [bs, B-1, V]
     n = base.shape[1]
     if copy is not None:
         copy.start(z[:, :n])
@@ -240,7 +255,7 @@ def greedy_rollout(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams,
         chain = torch.stack([pointer_pick(copy, i, base[:, i], picks[:, i], head)
                              for i in range(n)], dim=1)
         return (chain, picks) if return_base_pick else chain
-    cand = make_candidates(base, head, candidate_pool)
+    cand = make_candidates(base, head, candidate_pool) if inputs is None else inputs.cand
     if head.native is not None and (copy is None or copy.on_host):
         chain = head.native.rollout(z, bonus, base, copy, cand)  # the loop below, fused (CPU)
         return (chain, head.token_ids(argmax(base))) if return_base_pick else chain

@@ -48,13 +48,7 @@ from dataclasses import dataclass
 import torch
 
 from domino_sglang.spec.primitives import argmax
-from domino_sglang.spec.rollout import (
-    HeadParams,
-    base_logits,
-    gru_step,
-    head_step,
-    make_candidates,
-)
+from domino_sglang.spec.rollout import HeadInputs, HeadParams, gru_step, head_step
 from domino_sglang.spec.sampling import (
     RESAMPLE,
     SamplingRows,
@@ -177,22 +171,24 @@ def branch_capacity(width: int, depth: int) -> int:
 @torch.no_grad()
 def grow_tree(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, size: int, width: int,
               depth: int | None = None, branches: tuple[torch.Tensor, ...] = (),
-              candidate_pool: int = 0, kept_depth: int | None = None) -> DraftTree:
+              candidate_pool: int = 0, kept_depth: int | None = None,
+              inputs: HeadInputs | None = None) -> DraftTree:
     """Every request's draft tree of `size` tokens (x_t included; module docstring).
 
     z [bs, B, H] the backbone's block states, bonus [bs] x_t; width K children per expanded
     node and K nodes expanded per depth, down to `depth` (default: as deep as the block, at
     most size - 1); branches: token paths [bs, m] (d_1 .. d_m) whose first `kept_depth` tokens
     are kept whatever their score (default size // 2: half the budget to the head's
-    alternatives; the chain drafted with the pointer copy kept whole would fill the tree)."""
+    alternatives; the chain drafted with the pointer copy kept whole would fill the tree).
+    inputs: the block's base logits and pool where the caller has them (the chain's)."""
     bs = z.shape[0]
-    base = base_logits(z, head)  # [bs, n, C]
+    inputs = HeadInputs.of(z, head, candidate_pool) if inputs is None else inputs
+    base, cand = inputs.base, inputs.cand  # [bs, n, C]
     n = base.shape[1]
     depth = min(depth or n, n, size - 1)
     if width < 1 or branch_capacity(width, depth) < size - 1:  # grown nodes are distinct paths
         raise ValueError(f"grow_tree: width {width} to depth {depth} offers "
                          f"{branch_capacity(width, depth)} nodes, the tree needs {size - 1}")
-    cand = make_candidates(base, head, candidate_pool)
     gru, gdtype = head.prefix_gru, head.prefix_gru.weight_hh_l0.dtype
     g = gru.hidden_size
     root_state = gru_step(gru, head.embed(bonus).to(gdtype), z.new_zeros(bs, g, dtype=gdtype))

@@ -142,7 +142,7 @@ def replay_tree_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: d
     the target's choices. short_draft: a tree shallower than the block drafts from
     [x_a, MASK x (size - 1)] alone (the worker's short draft)."""
     from domino_sglang.model.config import DEFAULT_CANDIDATE_POOL
-    from domino_sglang.spec.rollout import greedy_rollout
+    from domino_sglang.spec.rollout import HeadInputs, greedy_rollout
     from domino_sglang.spec.tree import follow, grow_tree
 
     ids = torch.tensor(rec["ids"], device=module.embed_weight.device)  # [T]
@@ -161,9 +161,9 @@ def replay_tree_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: d
             index.sync(rec["ids"][:a + 1])
             copy = PointerCopy(module.drafter.copy_gate, [index], ids.device)
         bonus = ids[a:a + 1]
-        chain = greedy_rollout(z, bonus, head, DEFAULT_CANDIDATE_POOL, copy=copy)  # [1, D]
-        tree = grow_tree(z, bonus, head, size, width, branches=(chain,),
-                         candidate_pool=DEFAULT_CANDIDATE_POOL)
+        inputs = HeadInputs.of(z, head, DEFAULT_CANDIDATE_POOL)
+        chain = greedy_rollout(z, bonus, head, copy=copy, inputs=inputs)  # [1, D]
+        tree = grow_tree(z, bonus, head, size, width, branches=(chain,), inputs=inputs)
         at = a + tree.depths + 1  # [1, N] where the token after each node sits in the record
         choice = torch.where(at < T, ids[at.clamp(max=T - 1)], -1)
         _, accept_len, _ = follow(tree, choice)

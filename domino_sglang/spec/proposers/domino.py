@@ -23,7 +23,7 @@ import torch
 from domino_sglang.spec.graphs import RolloutGraphs
 from domino_sglang.spec.pointer import CopyPaths
 from domino_sglang.spec.proposers.protocol import DraftSlots, Proposal
-from domino_sglang.spec.rollout import HeadParams, greedy_rollout, sampled_rollout
+from domino_sglang.spec.rollout import HeadInputs, HeadParams, greedy_rollout, sampled_rollout
 from domino_sglang.spec.sampling import SparseQ
 from domino_sglang.spec.tree import grow_tree
 
@@ -122,10 +122,11 @@ class DominoProposer:
                             at.slots[:, :width].reshape(-1))[:, :length]  # [bs, L, H]
         copy = (self.copy.for_round(batch.reqs, bonus, length - 1, None)
                 if self.copy is not None else None)
+        inputs = HeadInputs.of(z, self.head, self.candidate_pool)  # shared by chain and tree
         drafted = greedy_rollout(z, bonus, self.head, self.candidate_pool,
-                                 use_head=self.use_head, copy=copy)  # [bs, L-1]
+                                 use_head=self.use_head, copy=copy, inputs=inputs)  # [bs, L-1]
         tree = grow_tree(z, bonus, self.head, length, self.tree_width, branches=(drafted,),
-                         candidate_pool=self.candidate_pool)
+                         inputs=inputs)
         chain[:, :length] = tree.tokens
         at.positions[:, :length] = tree.positions(at.positions[:, 0])
         return Proposal(reports={self.name: DominoReport(pointer=copy is not None)}, tree=tree)
