@@ -22,8 +22,9 @@ decision:
   6. L is rounded up to a width the target's verify has graphs for (`widths`; every L on a
      CPU outside the GPU-shaped mode), with that many real drafts;
   7. with trees on (`tree_width` K > 0), a round the drafter drafts alone verifies its L tokens
-     as a draft tree (tree.py), unless a row needs the chain: an offer, one-token rows, a
-     grammar (its mask follows a linear chain), logprobs (read by chain position).
+     as a draft tree (tree.py) where L >= tree.MIN_SIZE, unless a row needs the chain: an
+     offer, one-token rows, a grammar (its mask follows a linear chain), logprobs (read by
+     chain position).
 Depends on torch, the proposers' protocol, the policy's interface (draft_len, offer_len,
 may_offer_instead, enabled, pinned) and the fields of SGLang's schedule batch it reads (reqs,
 seq_lens_cpu, spec_info, sampling_info); SGLang's own test of a history-free logit processor is
@@ -41,6 +42,7 @@ from domino_sglang.spec.graphs import width_for
 from domino_sglang.spec.plan import Offer, RoundPlan
 from domino_sglang.spec.proposers.protocol import OfferingProposer
 from domino_sglang.spec.sampling import TOP_K_BOUND
+from domino_sglang.spec.tree import MIN_SIZE as MIN_TREE_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +108,9 @@ class RoundPlanner:
         length = width_for(length, self.widths)  # 6: at a captured width
         sampled = not all(greedy_host)
         bounded = sampled and all(k <= TOP_K_BOUND for k in top_ks)
-        tree = (self.tree_width > 0 and length > 2 and not offers and capped_host is None
-                and not batch.has_grammar and not batch.return_logprob)  # 7
+        tree = (self.tree_width > 0 and length >= MIN_TREE_SIZE and not offers
+                and capped_host is None and not batch.has_grammar
+                and not batch.return_logprob)  # 7
         return RoundPlan(length=length, draft_pass=length > 1 and not offer_only, offers=offers,
                          capped_host=capped_host, capped=capped, sampled=sampled,
                          seeds=seeds, asked=asked, top_k_bounded=bounded,

@@ -19,7 +19,7 @@ log-probability of the node's path under the draft, sum of log q along it) are e
 the head, each with its own GRU state (the GRU consumes its own branch's tokens), into their K
 likeliest children; the N - 1 best nodes over every depth form the tree. A child scores below its
 parent, so the best nodes hold their ancestors. Branches given beside the head (the chain drafted
-with the pointer copy, an offer) are kept to half the budget's depth; a node is identified by its
+with the pointer copy, an offer) are kept to half the budget's depth, rounded up; a node is its
 whole path (a hash), so a branch the head grew too is one node, and siblings are distinct tokens.
 
 Acceptance (`follow`): from the root, go to the child whose token is y of the current node while
@@ -58,6 +58,9 @@ from domino_sglang.spec.sampling import (
     top_k_support,
 )
 
+# the smallest tree a round verifies: below it a tree is the chain and one or two alternatives,
+# which commit no more than the chain (benchmarks/tree_acceptance.py) at a growth's cost
+MIN_SIZE = 6
 _ROOT_HASH = 0x5DEECE66D  # the empty path
 _HASH_MUL = 0x100000001B3  # FNV-1's prime: hash(path + t) = hash(path) * MUL + t + 1, wrapping
 _KEPT = 1e9  # a given branch's score: above every grown node's (log-probabilities are <= 0)
@@ -178,7 +181,7 @@ def grow_tree(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, size: int,
     z [bs, B, H] the backbone's block states, bonus [bs] x_t; width K children per expanded
     node and K nodes expanded per depth, down to `depth` (default: as deep as the block, at
     most size - 1); branches: token paths [bs, m] (d_1 .. d_m) whose first `kept_depth` tokens
-    are kept whatever their score (default size // 2: half the budget to the head's
+    are kept whatever their score (default half the budget, rounded up: the rest to the head's
     alternatives; the chain drafted with the pointer copy kept whole would fill the tree).
     inputs: the block's base logits and pool where the caller has them (the chain's)."""
     bs = z.shape[0]
@@ -225,7 +228,7 @@ def grow_tree(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, size: int,
             parent_state = state.gather(1, (best // width)[..., None].expand(-1, -1, g))
             state = gru_step(gru, head.embed(tok).to(gdtype).flatten(0, 1),
                              parent_state.flatten(0, 1)).view(bs, width, g)
-    kept_depth = min(size // 2 if kept_depth is None else kept_depth, depth)
+    kept_depth = min((size + 1) // 2 if kept_depth is None else kept_depth, depth)
     for branch in branches:  # kept whatever their score, in path order
         h = torch.full_like(branch[:, 0], _ROOT_HASH)
         for k in range(min(branch.shape[1], kept_depth)):

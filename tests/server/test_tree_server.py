@@ -1,7 +1,7 @@
 """Draft trees served (--speculative-domino-tree-width): lossless greedy and sampled.
 
 One float32 DOMINO server with the shipped drafter, trees of width 4, prompt lookup off (so every
-speculative round is the drafter's tree), the verified size cycling 4, 8, 16 by the committed
+speculative round is the drafter's tree), the verified size cycling 6, 8, 16 by the committed
 length, in the GPU's control flow (--speculative-domino-debug-gpu-shape on). Greedy: its output
 equals plain decoding's token for token, one request at a time and 8 at once (the accepted
 path's KV moved to the committed positions, its features into the draft context: a wrong move
@@ -32,7 +32,7 @@ def server():
                                       "--drafter", str(shipped_drafter_dir())],
                       ["--speculative-domino-tree-width", "4",
                        "--speculative-domino-lookup", "off",
-                       "--speculative-domino-debug-draft-len", "4,8,16",
+                       "--speculative-domino-debug-draft-len", "6,8,16",
                        "--speculative-domino-debug-gpu-shape", "on"]) as srv:
         yield srv
 

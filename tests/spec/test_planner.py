@@ -13,6 +13,7 @@ from domino_sglang.spec.options import resolve
 from domino_sglang.spec.planner import RoundPlanner
 from domino_sglang.spec.policy import SpeculationPolicy
 from domino_sglang.spec.proposers.lookup import PromptLookup
+from domino_sglang.spec.tree import MIN_SIZE as MIN_TREE_SIZE
 
 B, MASK, VOCAB = 6, 99, 128
 
@@ -206,3 +207,21 @@ def test_every_round_drops_what_finished_requests_left_in_the_proposers():
     policy.length, policy.copy_len = 1, 1  # plain, and offers never pay: nothing asked
     plan = pl.plan(batch(req(REPEAT, rid="a")))
     assert not plan.asked and set(lookup.indexes) == {"a"}
+
+
+def test_trees_where_the_drafter_drafts_alone_from_the_smallest_tree():
+    """Step 7: with trees on, a drafter round of L >= tree.MIN_SIZE verifies a tree; a shorter
+    one, an offered row, a grammar or logprobs keep the chain; trees off never."""
+    def plan(length, tokens=NEW, width=3, **flags):
+        b = batch(req(tokens), req(NEW, rid="s"))
+        b.has_grammar, b.return_logprob = flags.get("grammar", False), flags.get("logprob", False)
+        return RoundPlanner(StubPolicy(length=length), B, "cpu",
+                            [PromptLookup(B, MASK, "cpu", VOCAB)], tree_width=width).plan(b)
+
+    assert (plan(MIN_TREE_SIZE).tree_width, plan(MIN_TREE_SIZE).kind) == (3, "tree")
+    assert plan(B).tree_width == 3
+    assert plan(MIN_TREE_SIZE - 1).tree_width == 0
+    assert plan(B, width=0).tree_width == 0
+    assert plan(B, grammar=True).tree_width == 0 and plan(B, logprob=True).tree_width == 0
+    offered = plan(B, tokens=REPEAT)
+    assert offered.offers and offered.tree_width == 0
