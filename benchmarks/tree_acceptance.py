@@ -8,7 +8,7 @@ as a kept branch (`replay_tree_rounds`, spec/tree.py) at each width K. Greedy ve
 the path of drafts equal to the target's next tokens, so the record's tokens decide both without
 a target forward: tau = generated tokens / verify rounds, what a server would report.
 
-    python benchmarks/tree_acceptance.py --sizes 4 8 16 --widths 2 4 --limit 20 \
+    python benchmarks/tree_acceptance.py --sizes 4 6 8 16 --widths 2 4 --limit 10 \
         --out tree_acceptance
 """
 
