@@ -18,10 +18,9 @@ from tests.spec.test_rollout import B, H, V, make_head
 from tests.spec.test_sampling import make_rows
 
 
-def _proposer(z: torch.Tensor, sampled_drafts: bool, tree_width: int = 0) -> DominoProposer:
+def _proposer(z: torch.Tensor, sampled_drafts: bool) -> DominoProposer:
     options = SimpleNamespace(candidate_pool=0, head=True, short_draft=False,
-                              draft_temperature_scale=1.0, sampled_drafts=sampled_drafts,
-                              tree_width=tree_width)
+                              draft_temperature_scale=1.0, sampled_drafts=sampled_drafts)
     return DominoProposer(lambda batch, chain, positions, slots: z, make_head(1), None,
                           options, B, metrics=None)
 
@@ -72,7 +71,7 @@ def test_a_tree_round_verifies_the_grown_tree_at_any_temperature(sampled):
     chain[:, 0] = bonus
     positions = prefix + torch.arange(B).expand(bs, B).clone()
     at = DraftSlots(chain, positions, torch.zeros(bs, B, dtype=torch.int64), rows, u)
-    got = _proposer(z, True, tree_width=3).propose(batch, plan, at, Proposal())
+    got = _proposer(z, True).propose(batch, plan, at, Proposal())
     tree = got.tree
     assert plan.kind == "tree" and tree is not None and tree.size == length and got.q is None
     assert torch.equal(chain[:, :length], tree.tokens)

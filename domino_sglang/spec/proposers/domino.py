@@ -63,7 +63,6 @@ class DominoProposer:
         self.temperature_scale = options.draft_temperature_scale  # sampled q at T * scale
         # off: sampled requests draft greedily, verified as one-hot proposals (DFLASH at T > 0)
         self.sampled_drafts = options.sampled_drafts
-        self.tree_width = options.tree_width  # K children a tree node (tree rounds)
         # the head rollout's static runners (worker.init_cuda_graphs), or None
         self.rollout_graphs: RolloutGraphs | None = None
 
@@ -125,7 +124,7 @@ class DominoProposer:
         inputs = HeadInputs.of(z, self.head, self.candidate_pool)  # shared by chain and tree
         drafted = greedy_rollout(z, bonus, self.head, self.candidate_pool,
                                  use_head=self.use_head, copy=copy, inputs=inputs)  # [bs, L-1]
-        tree = grow_tree(z, bonus, self.head, length, self.tree_width, branches=(drafted,),
+        tree = grow_tree(z, bonus, self.head, length, plan.tree_width, branches=(drafted,),
                          inputs=inputs)
         chain[:, :length] = tree.tokens
         at.positions[:, :length] = tree.positions(at.positions[:, 0])
