@@ -73,6 +73,19 @@ def test_mask_sees_exactly_the_ancestors():
     assert tree.positions(torch.tensor([10]))[0].tolist() == [10, 11, 11, 12, 12, 12, 13]
 
 
+def test_custom_mask_is_sglangs_full_mask_layout():
+    """Per request its [N, prefix + N] rows, the prefix visible, the tree's mask after it,
+    concatenated: what the CPU backend (and FlashInfer through DFLASH's verify input) reads."""
+    tree = _tree([([9, 1, 2, 3], [0, 0, 0, 1]), ([9, 4, 5, 6], [0, 0, 1, 2])])
+    prefix = torch.tensor([2, 3])
+    flat = tree.custom_mask(prefix, 5)
+    mask, want = tree.mask(), []
+    for b, p in enumerate(prefix.tolist()):
+        want.append(torch.cat((torch.ones(4, p, dtype=torch.bool), mask[b]), dim=1).flatten())
+    assert torch.equal(flat, torch.cat(want))
+    assert not torch.equal(mask[0], mask[1])  # two shapes: a mix-up of rows would show
+
+
 def test_greedy_follow_is_the_longest_matching_path():
     torch.manual_seed(1)
     shape = [0, 0, 0, 1, 1, 2, 3, 3, 6]  # parents
