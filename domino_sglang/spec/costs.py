@@ -26,6 +26,12 @@ The fit's posterior gives the policy an upper bound (mean + Z * sd) to decide wi
 are clipped to OUTLIER sd of the fit (a GC pause makes one round huge; a noisy cheap round
 comes out below plain) so one round cannot move it much.
 
+A draft tree's round (tree.py) verifies as many rows as a chain of its size N and pays the
+tree's growth and its masked verify on top (eager on a GPU, where chains replay graphs): it
+costs cost(bs, N) + tree_extra(bs), tree_extra the bucket's forgotten mean of its tree rounds'
+samples less the chain fit's prediction (from TREE_EXTRA, TREE_EXTRA_WEIGHT pseudo-samples).
+Tree rounds stay out of the chain's fit.
+
 t is the wall time from one decode round's start to the next's (the scheduler's own work
 included; the worker drops a round followed by a prefill; offer-only rounds, without a draft
 pass, are samples of the per-token term alone: their long verifies are what prices an offer)
@@ -55,6 +61,7 @@ OUTLIER = 3.0  # samples farther than this many sd from the fit are clipped ther
 OUTLIER_FLOOR = 0.25  # ... but never closer than this (y units)
 OWN_MIN = 5.0  # effective samples a bucket needs before it prices other buckets' priors
 Z = 1.0  # the upper bound's sd multiple
+TREE_EXTRA, TREE_EXTRA_WEIGHT = 0.1, 2.0  # a tree round's cost over the chain's, prior
 
 
 @dataclass(frozen=True)
@@ -157,6 +164,7 @@ class OnlineCosts:
     fits: dict[int, BucketFit] = field(default_factory=dict)
     plain: dict[int, deque] = field(default_factory=dict)  # bucket -> last plain-round seconds
     plain_at: dict[int, int] = field(default_factory=dict)  # bucket -> round of its last kept
+    trees: dict[int, list[float]] = field(default_factory=dict)  # bucket -> [sum, n] forgotten
     rounds: int = 0  # timed rounds so far
 
     def _prior(self, bs: int) -> tuple[float, float]:
@@ -188,6 +196,16 @@ class OnlineCosts:
         mean, sd = self.fit(bs).predict(draft_len, draft_pass)
         return 1.0 + max(mean + z * sd, 0.0) if draft_len > 1 else 1.0
 
+    def tree_cost(self, bs: int, size: int, z: float = 0.0) -> float:
+        """cost of a draft tree's round of `size` tokens at bs: the chain's of that size plus
+        the bucket's tree_extra (module docstring)."""
+        return self.cost(bs, size, z) + self.tree_extra(bs)
+
+    def tree_extra(self, bs: int) -> float:
+        """What a tree round costs over a chain round of its size, in plain rounds (>= 0)."""
+        total, n = self.trees.get(bs_bucket(bs), (0.0, 0.0))
+        return max((total + TREE_EXTRA * TREE_EXTRA_WEIGHT) / (n + TREE_EXTRA_WEIGHT), 0.0)
+
     def learned(self, bs: int) -> tuple[float, float, float]:
         """(draft, per_token, effective samples) at bs: what /metrics and the log show."""
         fit = self.fit(bs)
@@ -214,9 +232,10 @@ class OnlineCosts:
             return None
         return statistics.median_low(times)
 
-    def observe(self, bs: int, draft_len: int, seconds: float, draft_pass: bool = True) -> None:
+    def observe(self, bs: int, draft_len: int, seconds: float, draft_pass: bool = True,
+                tree: bool = False) -> None:
         """A round of bs requests verifying draft_len tokens took `seconds` (start to start);
-        `draft_pass` False: an offer-only round."""
+        `draft_pass` False: an offer-only round; `tree`: a draft tree's round."""
         self.rounds += 1
         bucket = bs_bucket(bs)
         if draft_len <= 1:
@@ -225,7 +244,15 @@ class OnlineCosts:
                 self.plain_at[bucket] = self.rounds
             return
         plain = self.plain_time(bs)
-        if plain is not None and plain > 0.0 and math.isfinite(seconds):
+        if plain is not None and plain > 0.0 and math.isfinite(seconds) and tree:
+            fit = self.fit(bs)
+            mean, _ = fit.predict(draft_len)
+            limit = max(OUTLIER * math.sqrt(fit.sq / fit.sq_n), OUTLIER_FLOOR)
+            known = self.tree_extra(bs)  # clipped around the extra's own estimate
+            extra = known + min(max(seconds / plain - 1.0 - mean - known, -limit), limit)
+            total, n = self.trees.get(bucket, (0.0, 0.0))
+            self.trees[bucket] = [FORGET * total + extra, FORGET * n + 1.0]
+        elif plain is not None and plain > 0.0 and math.isfinite(seconds):
             if bucket not in self.fits:
                 self.fits[bucket] = BucketFit(self._prior(bs))
             self.fits[bucket].add(draft_len, seconds / plain - 1.0, draft_pass)

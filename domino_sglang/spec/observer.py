@@ -101,7 +101,8 @@ class RoundObserver:
                 self.policy.observe_offer(name, [a for a, f in zip(lens_host, found) if f], length)
                 voters = [v and not f for v, f in zip(voters, found)]
             if plan.draft_pass:
-                self.policy.observe([a for a, v in zip(lens_host, voters) if v], length)
+                self.policy.observe([a for a, v in zip(lens_host, voters) if v], length,
+                                    tree=plan.tree_width > 0)
         self.metrics.record_kind(plan.kind)
         kind = plan.kind + ("+offers" if plan.asked else "")
         context = (int(batch.seq_lens_cpu.sum()) // bs if batch.seq_lens_cpu is not None
@@ -127,7 +128,8 @@ class RoundObserver:
                              calibration.scale(bs) if calibration else 1.0, self.policy.stats.alpha)
             # offer-only ("copy") rounds price the per-token verify alone (costs.py)
             self.policy.observe_time(bs, length, self.agree.seconds(now - started),
-                                     draft_pass=not kind.startswith("copy"))
+                                     draft_pass=not kind.startswith("copy"),
+                                     tree=kind.startswith("tree"))
             self.report_cost_scale(bs, now)
         return now
 

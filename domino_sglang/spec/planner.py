@@ -21,14 +21,15 @@ decision:
   5. a plain round (L = 1) verifies no offers;
   6. L is rounded up to a width the target's verify has graphs for (`widths`; every L on a
      CPU outside the GPU-shaped mode), with that many real drafts;
-  7. with trees on (`tree_width` K > 0), a round the drafter drafts alone verifies its L tokens
-     as a draft tree (tree.py) where L >= tree.MIN_SIZE, unless a row needs the chain: an
-     offer, one-token rows, a grammar (its mask follows a linear chain), logprobs (read by
-     chain position).
+  7. with trees on (`tree_width` K > 0), a round the drafter drafts alone may verify a draft
+     tree (tree.py) of N >= tree.MIN_SIZE tokens instead, N the policy's (policy.tree_len:
+     where a tree pays more than the chain of step 6; pinned or off, the chain's L as a
+     tree), unless a row needs the chain: an offer, one-token rows, a grammar (its mask
+     follows a linear chain), logprobs (read by chain position).
 Depends on torch, the proposers' protocol, the policy's interface (draft_len, offer_len,
-may_offer_instead, enabled, pinned) and the fields of SGLang's schedule batch it reads (reqs,
-seq_lens_cpu, spec_info, sampling_info); SGLang's own test of a history-free logit processor is
-handed in.
+tree_len, may_offer_instead, enabled, pinned) and the fields of SGLang's schedule batch it reads
+(reqs, seq_lens_cpu, spec_info, sampling_info, has_grammar, return_logprob); SGLang's own test
+of a history-free logit processor is handed in.
 """
 
 from __future__ import annotations
@@ -108,14 +109,22 @@ class RoundPlanner:
         length = width_for(length, self.widths)  # 6: at a captured width
         sampled = not all(greedy_host)
         bounded = sampled and all(k <= TOP_K_BOUND for k in top_ks)
-        tree = (self.tree_width > 0 and length >= MIN_TREE_SIZE and not offers
-                and capped_host is None and not batch.has_grammar
-                and not batch.return_logprob)  # 7
+        tree = 0  # 7: N, the tree's size, where the policy verifies one instead of the chain
+        if (self.tree_width > 0 and not offers and capped_host is None
+                and not batch.has_grammar and not batch.return_logprob):
+            tree = self.policy.tree_len(bs, length, self.tree_sizes)
+            length = tree or length
         return RoundPlan(length=length, draft_pass=length > 1 and not offer_only, offers=offers,
                          capped_host=capped_host, capped=capped, sampled=sampled,
                          seeds=seeds, asked=asked, top_k_bounded=bounded,
                          top_k_width=max(top_ks) if bounded else TOP_K_BOUND,
                          tree_width=self.tree_width if tree else 0)
+
+    @property
+    def tree_sizes(self) -> tuple[int, ...]:
+        """The sizes N a tree round may verify: the verify widths from tree.MIN_SIZE (the
+        draft pass drafts at them where it replays graphs)."""
+        return tuple(w for w in self.widths if w >= MIN_TREE_SIZE)
 
     def ask(self, batch, capped: list[bool] | None) -> tuple[dict[str, Offer], list[bool]]:
         """Every offering proposer's drafts, in order, each for the rows no earlier one found

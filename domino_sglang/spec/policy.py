@@ -24,6 +24,18 @@ offered draft runs no draft pass (cost less DRAFT) and is sized by `offer_len` f
 per offering proposer, learned from the rows it drafted only; the longest L that pays, since
 such drafts are right in runs rather than geometrically.
 
+Draft trees (tree.py; --speculative-domino-tree-width K > 0): a round the chain would speculate
+in (L > 1, not a probe or calibration round) may verify a tree of N tokens instead, N among the
+sizes the planner allows. A tree's path is modelled as a chain, one level deeper at a time with
+probability alpha_tree, its own estimate learned from tree rounds only; a tree round costs the
+chain's of its size plus a learned extra (costs.py). `tree_len` compares the two at their
+estimates' upper bounds (Z_PROBE sd: optimism under doubt), picks the N maximising
+E(alpha_tree, N) / tree_cost(bs, N) where that beats the chain's E(alpha, L) / cost(bs, L), and
+only if it beats plain decoding by MARGIN at alpha_tree and the costs' upper bound. The
+estimate not used ages as in a plain round (a tree's down to TREE_AGE_FLOOR judged levels: its
+rounds cost more than a probe), so the one left behind is tried again now and then (its doubt
+grows) and follows the content.
+
 Switches (options.py): --speculative-domino-adaptive off verifies the full block every round;
 --speculative-domino-debug-draft-len pins L or cycles a pattern by committed length (tests).
 The measurements behind the constants and the design history: docs/design.md, "The adaptive
@@ -33,7 +45,7 @@ policy". Depends on nothing but the standard library.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from domino_sglang.spec.costs import (  # noqa: F401  (re-exported: the policy's price list)
@@ -42,6 +54,7 @@ from domino_sglang.spec.costs import (  # noqa: F401  (re-exported: the policy's
     NEUTRAL,
     PLAIN_MIN,
     PLAIN_SPACING,
+    TREE_EXTRA,
     CostModel,
     OnlineCosts,
     bs_bucket,
@@ -57,6 +70,7 @@ AGE_FLOOR = 4.0  # judged drafts plain rounds age the estimate down to (its boun
 Z_PROBE = 1.0  # ... and the upper bound that keeps probes at their base rate
 Z_ALPHA = 0.25  # alpha's lower bound: this many binomial sd under the estimate
 BACKOFF, MAX_LOSSES = 2, 3  # probe spacing x BACKOFF per losing probe, at most MAX_LOSSES times
+TREE_AGE_FLOOR = 16.0  # judged levels a tree's estimate ages down to while the chain is chosen
 
 
 COSTS = {
@@ -182,6 +196,7 @@ class SpeculationPolicy:
         self.widths: tuple[int, ...] | None = None
         self.losses = 0  # probes in a row after which the policy still decoded plainly
         self._probed = False  # the last draft_len was a probe
+        self.tree_stats = AcceptanceStats()  # a draft tree's per-level acceptance
 
     @classmethod
     def from_config(cls, config, cost: CostModel = DEFAULT_COST) -> SpeculationPolicy:
@@ -287,6 +302,39 @@ class SpeculationPolicy:
             return self.cost
         return lambda b, draft_len: calibration.cost(b, draft_len, z)
 
+    def tree_len(self, bs: int, chain_len: int, sizes: Sequence[int]) -> int:
+        """N in `sizes`: verify a draft tree of N tokens this round instead of the chain of
+        chain_len (this round's draft_len, at a verify width), or 0: the chain (module
+        docstring, "Draft trees"). Pinned or switched off: the chain's own L as a tree where
+        it is one of the sizes."""
+        if self.pinned is not None or not self.enabled:
+            return chain_len if chain_len in sizes else 0
+        if chain_len <= 1 or self._probed or self.calibrating:
+            return 0
+        calibration = self.calibration
+
+        def cost(size: int, z: float = 0.0) -> float:  # a tree round's, in plain rounds
+            if calibration is None:
+                return self.cost(bs, size) + TREE_EXTRA
+            return calibration.tree_cost(bs, size, z)
+
+        _, chain_hope = self.stats.bounds(Z_PROBE)
+        _, hope = self.tree_stats.bounds(Z_PROBE)
+        best, best_rate = 0, (expected_tokens(chain_hope, chain_len)
+                              / self.cost_fn(bs)(bs, chain_len))
+        for size in sizes:
+            if size > self.longest_len(bs):
+                break
+            rate = expected_tokens(hope, size) / cost(size)
+            if rate > best_rate:
+                best, best_rate = size, rate
+        alpha = self.tree_stats.alpha
+        if best and expected_tokens(alpha, best) / cost(best, Z_COST) > 1.0 + MARGIN:
+            self.stats.forget(floor=AGE_FLOOR)
+            return best
+        self.tree_stats.forget(floor=TREE_AGE_FLOOR)
+        return 0
+
     def may_offer_instead(self) -> bool:
         """Whether a round the policy made plain may still verify offered drafts: it chose plain
         decoding for the drafter's sake (not a calibration round, not a pinned L)."""
@@ -334,17 +382,18 @@ class SpeculationPolicy:
                                           sum(min(a1, draft_len - 1) for a1 in accept_lens))
 
     def observe_time(self, bs: int, draft_len: int, seconds: float,
-                     draft_pass: bool = True) -> None:
+                     draft_pass: bool = True, tree: bool = False) -> None:
         """A round of bs requests verifying draft_len tokens took `seconds`, from its start to
         the next round's start (the worker drops a round followed by a prefill); `draft_pass`
-        False: an offer-only round."""
+        False: an offer-only round; `tree`: a draft tree's round."""
         if self.calibration is not None and self.enabled and self.pinned is None:
-            self.calibration.observe(bs, draft_len, seconds, draft_pass)
+            self.calibration.observe(bs, draft_len, seconds, draft_pass, tree)
 
-    def observe(self, accept_lens: list[int], draft_len: int) -> None:
-        """accept_lens: a + 1 per request of a round that verified draft_len tokens."""
+    def observe(self, accept_lens: list[int], draft_len: int, tree: bool = False) -> None:
+        """accept_lens: a + 1 per request of a round that verified draft_len tokens (`tree`:
+        as a draft tree of draft_len tokens; a + 1 the path's tokens committed)."""
         if draft_len <= 1 or not self.enabled:
             return
         accepted = sum(a1 - 1 for a1 in accept_lens)
         judged = sum(min(a1, draft_len - 1) for a1 in accept_lens)
-        self.stats.update(accepted, judged)
+        (self.tree_stats if tree else self.stats).update(accepted, judged)

@@ -38,6 +38,14 @@ class StubPolicy:
     def may_offer_instead(self):
         return self.may_copy
 
+    tree = None  # the tree size tree_len answers (None: the chain's L where it is a size)
+
+    def tree_len(self, bs, chain_len, sizes):
+        self.asked.append(("tree_len", bs, chain_len))
+        if self.tree is not None:
+            return self.tree
+        return chain_len if chain_len in sizes else 0
+
 
 def req(tokens, top_k=1, seed=None, penalty=0.0, rid="r"):
     params = SimpleNamespace(top_k=top_k, sampling_seed=seed, frequency_penalty=penalty,
@@ -225,3 +233,20 @@ def test_trees_where_the_drafter_drafts_alone_from_the_smallest_tree():
     assert plan(B, grammar=True).tree_width == 0 and plan(B, logprob=True).tree_width == 0
     offered = plan(B, tokens=REPEAT)
     assert offered.offers and offered.tree_width == 0
+
+
+def test_the_policy_sizes_the_tree():
+    """Step 7 asks the policy (tree_len) whether a tree pays over the round's chain, with the
+    tree sizes the planner allows; its N is the round's length, 0 keeps the chain."""
+    policy = StubPolicy(length=3)
+    pl = RoundPlanner(policy, B, "cpu", tree_width=2)
+    assert pl.tree_sizes == tuple(range(MIN_TREE_SIZE, B + 1))
+    policy.tree = B
+    b = batch(req(NEW), req(NEW, rid="s"))
+    b.has_grammar = b.return_logprob = False
+    plan = pl.plan(b)
+    assert (plan.length, plan.tree_width, plan.draft_pass) == (B, 2, True)
+    assert ("tree_len", 2, 3) in policy.asked
+    policy.tree = 0
+    plan = pl.plan(b)
+    assert (plan.length, plan.tree_width, plan.kind) == (3, 0, "draft")

@@ -322,3 +322,27 @@ def test_offered_rounds_have_their_own_alpha_and_no_draft_cost():
     calibrating = SpeculationPolicy(B)
     calibrating.calibrating = True
     assert not calibrating.may_offer_instead()
+
+
+def test_tree_len_follows_the_pinned_length_and_never_replaces_a_probe():
+    """policy.tree_len: pinned or off, the chain's own L as a tree where it is a tree size;
+    adaptive, never a plain round, a probe or a calibration round; a tree's acceptance is
+    learned apart from the chain's (TreeGain), and a tree no better than the chain is not
+    chosen."""
+    sizes = range(6, B + 1)
+    pinned = SpeculationPolicy(B)
+    pinned.pinned = (8,)
+    assert pinned.tree_len(1, 8, sizes) == 8 and pinned.tree_len(1, 4, sizes) == 0
+    assert SpeculationPolicy(B, enabled=False).tree_len(1, B, sizes) == B
+    policy = SpeculationPolicy(B, cost=COSTS["cpu-bf16"], calibrate=False)
+    assert policy.tree_len(1, 1, sizes) == 0
+    length = policy.draft_len(1)
+    assert length > 1 and policy.tree_len(1, length, sizes) >= 6  # the prior's gain pays
+    policy.calibrating = True
+    assert policy.tree_len(1, length, sizes) == 0
+    policy.calibrating = False
+    alpha = policy.stats.alpha
+    for _ in range(60):  # trees that commit one token a round: delta goes negative
+        policy.observe([1], 8, tree=True)
+    assert policy.stats.alpha == alpha and policy.tree_stats.alpha < 0.1
+    assert policy.tree_len(1, policy.draft_len(1), sizes) == 0

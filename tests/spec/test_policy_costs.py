@@ -15,6 +15,7 @@ from domino_sglang.spec.costs import (
     NEUTRAL,
     PLAIN_MIN,
     PLAIN_SPACING,
+    TREE_EXTRA,
     OnlineCosts,
     bs_bucket,
 )
@@ -289,3 +290,92 @@ def test_offer_only_rounds_teach_the_per_token_term_alone():
     assert costs.fit(5).prior == (NEUTRAL.draft, NEUTRAL.slope_0)  # not a neighbour's
     costs.observe(4, 2, STEP * 1.5)  # one round with a draft pass
     assert costs.knows(4)
+
+
+TREE_SIZES = range(6, B + 1)
+
+
+def serve_trees(policy: SpeculationPolicy, truth: CostModel, bs: int, alpha: float,
+                tree_alpha: float, tree_extra: float, rounds: int,
+                rng: random.Random) -> tuple[float, float, list[int]]:
+    """serve(), with a draft tree of N tokens wherever the policy prefers one (the planner's
+    step 7): its path goes one level deeper with probability tree_alpha, and it costs
+    tree_extra plain rounds over the chain of its size. (tokens, time, the sizes of the tree
+    rounds: 0 for a chain round)."""
+    tokens = seconds = 0.0
+    trees = []
+    for _ in range(rounds):
+        draft_len = policy.draft_len(bs)
+        size = policy.tree_len(bs, draft_len, TREE_SIZES)
+        length, p = (size, tree_alpha) if size else (draft_len, alpha)
+        lens = []
+        for _ in range(bs):
+            a = 0
+            while a < length - 1 and rng.random() < p:
+                a += 1
+            lens.append(a + 1)
+        policy.observe(lens, length, tree=size > 0)
+        cost = truth(bs, length) + (tree_extra if size else 0.0)
+        policy.observe_time(bs, length, STEP * cost * rng.lognormvariate(0.0, 0.05),
+                            tree=size > 0)
+        tokens += sum(lens) / bs
+        seconds += cost
+        trees.append(size)
+    return tokens, seconds, trees
+
+
+def best_tree_rate(truth: CostModel, bs: int, tree_alpha: float, tree_extra: float) -> float:
+    return max(expected_tokens(tree_alpha, n) / (truth(bs, n) + tree_extra) for n in TREE_SIZES)
+
+
+def tree_runs(shape: str, tree_alpha: float, tree_extra: float) -> tuple[float, float]:
+    """Over 6 seeded servers (400 rounds' warm-up, then 600 counted) at bs 1, the chain's
+    per-level acceptance 0.6: (the mean share of tree rounds, the mean committed rate)."""
+    shares, rates = [], []
+    for seed in range(6):
+        policy, rng = SpeculationPolicy(B), random.Random(seed)
+        serve_trees(policy, SHAPES[shape], 1, 0.6, tree_alpha, tree_extra, 400, rng)
+        tokens, seconds, trees = serve_trees(policy, SHAPES[shape], 1, 0.6, tree_alpha,
+                                             tree_extra, 600, rng)
+        shares.append(sum(n > 0 for n in trees) / len(trees))
+        rates.append(tokens / seconds)
+    return sum(shares) / len(shares), sum(rates) / len(rates)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_trees_are_verified_where_they_pay(shape):
+    """A tree whose path goes deeper than the chain (per level 0.75 against 0.6) at a small
+    extra cost: after a warm-up the policy verifies trees, within 7 % of the best fixed tree's
+    rate, the tree's acceptance learned."""
+    share, rate = tree_runs(shape, 0.75, 0.05)
+    assert share > 0.85 and rate > 0.93 * best_tree_rate(SHAPES[shape], 1, 0.75, 0.05)
+    policy, rng = SpeculationPolicy(B), random.Random(0)
+    serve_trees(policy, SHAPES[shape], 1, 0.6, 0.75, 0.05, 400, rng)
+    assert policy.tree_stats.alpha == pytest.approx(0.75, abs=0.1)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("tree_alpha, tree_extra", [(0.55, 0.05), (0.65, 0.6)])
+def test_trees_that_do_not_pay_leave_the_chain(shape, tree_alpha, tree_extra):
+    """A tree that goes no deeper than the chain, or costs much more: the policy tries it (its
+    estimate's doubt), learns, and mostly keeps the chain, within 7 % of the best chain's rate
+    (the estimates are noisy at bs 1: a geometric level a round)."""
+    share, rate = tree_runs(shape, tree_alpha, tree_extra)
+    assert share < 0.2 and rate > 0.93 * best_rate(SHAPES[shape], 1, 0.6)
+
+
+def test_tree_rounds_price_their_extra_apart_from_the_chain():
+    """costs.py: a tree round's time teaches tree_extra (its cost over the chain's of its size),
+    never the chain's fit; the extra starts at its prior."""
+    costs = OnlineCosts()
+    for _ in range(PLAIN_MIN * PLAIN_SPACING):
+        costs.observe(1, 1, STEP)
+    for _ in range(60):
+        costs.observe(1, 6, STEP * 1.5)
+    assert costs.tree_extra(1) == pytest.approx(TREE_EXTRA)
+    chain = costs.learned(1)
+    for _ in range(200):
+        costs.observe(1, 6, STEP * 1.8, tree=True)
+    assert costs.learned(1) == chain
+    assert costs.tree_extra(1) == pytest.approx(0.3, abs=0.02)
+    assert costs.tree_cost(1, 6) == pytest.approx(costs.cost(1, 6) + costs.tree_extra(1))
