@@ -84,14 +84,26 @@ def one_request(url: str, prompt: str, max_tokens: int, temperature: float = 0.0
 
 def counters(url: str) -> dict[str, float]:
     """Sum of each `sglang:` counter over its label sets, from /metrics (and DOMINO's gauge
-    `domino_cost_scale`, the adaptive policy's calibrated k)."""
+    `domino_cost_scale`, the adaptive policy's calibrated k; `domino_rounds_total`, tree rounds
+    apart as `domino_tree_rounds`)."""
     out: dict[str, float] = {}
     for line in requests.get(f"{url}/metrics", timeout=30).text.splitlines():
         if ((line.startswith("sglang:") and "_total" in line.split(" ")[0])
-                or line.startswith("domino_cost_scale")):
+                or line.startswith(("domino_cost_scale", "domino_rounds_total"))):
             name = line.split("{")[0].split(" ")[0]
+            if name == "domino_rounds_total" and 'kind="tree"' in line:
+                name = "domino_tree_rounds"  # the rounds that verified a draft tree
             out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
+
+
+def share(after: dict[str, float], before: dict[str, float], part: str,
+          whole: str) -> float | None:
+    """part's share of whole's growth between two scrapes (None: whole did not grow)."""
+    grown = after.get(whole, 0.0) - before.get(whole, 0.0)
+    if grown <= 0:
+        return None
+    return round((after.get(part, 0.0) - before.get(part, 0.0)) / grown, 3)
 
 
 def run_point(url: str, prompts: list[str], concurrency: int, max_tokens: int,
@@ -114,6 +126,7 @@ def run_point(url: str, prompts: list[str], concurrency: int, max_tokens: int,
         "tau": round(tokens / rounds, 3) if rounds > 0 else None,
         "cost_scale": (round(after["domino_cost_scale"], 3) if "domino_cost_scale" in after
                        else None),  # k after the point (policy.CostCalibration)
+        "tree_share": share(after, before, "domino_tree_rounds", "domino_rounds_total"),
         "texts": [r["text"] for r in results],
         "concurrency": concurrency,
         "requests": len(results),

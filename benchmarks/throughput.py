@@ -12,8 +12,9 @@ first of 4 repeats at c = 4 had TTFT p50 1.27 s, the next three 0.21-0.40 s). Re
 point:
 output tokens/s, TTFT p50, mean inter-token latency, tau (committed tokens per verify round, from
 sglang:spec_verify_calls_total), k (the adaptive policy's calibrated cost scale after the point,
-`domino_cost_scale`; 1 = the profile as measured) and the speed-up over AR at the same point:
-the ratio of the median runs and, with --repeats > 1, the paired estimate (`paired_speedup`).
+`domino_cost_scale`; 1 = the profile as measured), trees (the share of decode rounds that
+verified a draft tree, `domino_rounds_total{kind="tree"}`) and the speed-up over AR at the same
+point: the ratio of the median runs and, with --repeats > 1, the paired estimate (`paired_speedup`).
 "fixed" verifies the whole block every round (--speculative-domino-adaptive off); "adaptive" lets
 policy.py pick the draft length.
 `--llamacpp` adds llama.cpp's server (benchmarks/llamacpp.py: built from source, the same target
@@ -242,13 +243,13 @@ def main() -> None:
              f"{cost}{peer_note}- drafter: `{drafter}`",
              "",
              "| temperature | concurrency | method | output tok/s | vs AR | paired vs AR [90% CI] "
-             "| tau | k | TTFT p50 (s) | ITL mean (ms) | runs (tok/s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| tau | k | trees | TTFT p50 (s) | ITL mean (ms) | runs (tok/s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["temperature"], r["concurrency"])):
         lines.append(f"| {r['temperature']} | {r['concurrency']} | {r['method']} | "
                      f"{r['output_tok_s']} | {r.get('speedup_vs_ar', '')} | "
                      f"{paired_cell(r.get('paired_vs_ar'))} | {r['tau'] or ''} | "
-                     f"{r.get('cost_scale') or ''} | "
+                     f"{r.get('cost_scale') or ''} | {r.get('tree_share') or ''} | "
                      f"{r['ttft_p50_s']} | {r['itl_mean_ms']} | "
                      f"{' / '.join(map(str, r['runs_tok_s']))} |")
     for m in args.methods:
