@@ -110,6 +110,15 @@ METHODS: Mapping[str, Method] = MappingProxyType({
     # get at a fixed short length
     **{f"domino-l{n}": Method(f"DOMINO L = {n}", _domino(D + "debug-draft-len", str(n)))
        for n in (2, 3, 4, 5, 6, 8)},
+    # a chain and a draft tree (width 4) of the same N = 8 or 16 tokens every round, the
+    # drafter alone (no prompt lookup): trees against the chain at equal verified budgets
+    **{f"domino-chain-n{n}": Method(f"DOMINO chain, N = {n}",
+                                    _domino(D + "debug-draft-len", str(n), D + "lookup", "off"))
+       for n in (8, 16)},
+    **{f"domino-tree-n{n}": Method(f"DOMINO tree K=4, N = {n}",
+                                   _domino(D + "debug-draft-len", str(n), D + "lookup", "off",
+                                           D + "tree-width", "4"))
+       for n in (8, 16)},
     # tensor parallel over 3 CPU ranks (the demo target's 9 heads, 3 KV heads; serve splits the
     # cores over the ranks): plain and served-default DOMINO, beside their one-rank runs
     "ar-tp3": Method("AR, TP 3", ("--no-speculation", "--tp-size", "3")),

@@ -69,6 +69,11 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _blank(value) -> str:
+    """A table cell: the value, or empty where there is none (0 stays 0)."""
+    return "" if value is None else str(value)
+
+
 def main() -> None:
     stop_servers_on_sigterm()  # a SIGTERM stops the servers this run started
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -249,7 +254,7 @@ def main() -> None:
         lines.append(f"| {r['temperature']} | {r['concurrency']} | {r['method']} | "
                      f"{r['output_tok_s']} | {r.get('speedup_vs_ar', '')} | "
                      f"{paired_cell(r.get('paired_vs_ar'))} | {r['tau'] or ''} | "
-                     f"{r.get('cost_scale') or ''} | {r.get('tree_share') or ''} | "
+                     f"{r.get('cost_scale') or ''} | {_blank(r.get('tree_share'))} | "
                      f"{r['ttft_p50_s']} | {r['itl_mean_ms']} | "
                      f"{' / '.join(map(str, r['runs_tok_s']))} |")
     for m in args.methods:

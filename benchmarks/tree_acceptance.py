@@ -7,6 +7,8 @@ drafts, pointer copy included) and the tree of N tokens grown from the same bloc
 as a kept branch (`replay_tree_rounds`, spec/tree.py) at each width K. Greedy verification commits
 the path of drafts equal to the target's next tokens, so the record's tokens decide both without
 a target forward: tau = generated tokens / verify rounds, what a server would report.
+--lookup adds prompt lookup (lookup.py's rule) to both: a chain round where it finds a draft
+verifies that instead of the drafter's (an offered row), a tree takes it as a second branch.
 
     python benchmarks/tree_acceptance.py --sizes 4 6 8 16 --widths 2 4 --limit 10 \
         --out tree_acceptance
@@ -32,6 +34,7 @@ from domino_sglang.train.config import TrainConfig  # noqa: E402
 from domino_sglang.train.evaluate import replay_rounds, replay_tree_rounds  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+LOOKUP_NOTE = "on (a chain round verifies its draft where it finds one, a tree as a branch)"
 
 
 def main() -> None:
@@ -40,6 +43,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--widths", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--lookup", action="store_true", help="prompt lookup in both (docstring)")
     ap.add_argument("--out", default=None, help="write results/<out>.json and .md")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -53,13 +57,13 @@ def main() -> None:
         generated = sum(len(r["ids"]) - r["start"] for r in records)
         for size in args.sizes:
             started = time.time()
-            chain = sum(replay_rounds(module, feats, r, draft_lens=(size,), short_draft=short)
-                        for r in records)
+            chain = sum(replay_rounds(module, feats, r, draft_lens=(size,), short_draft=short,
+                                      lookup=args.lookup) for r in records)
             row = {"set": name, "size": size, "answers": len(records), "tokens": generated,
                    "chain_rounds": chain, "chain_tau": generated / chain}
             for width in args.widths:
-                tree = sum(replay_tree_rounds(module, feats, r, size, width, short_draft=short)
-                           for r in records)
+                tree = sum(replay_tree_rounds(module, feats, r, size, width, short_draft=short,
+                                              lookup=args.lookup) for r in records)
                 row[f"tree{width}_rounds"] = tree
                 row[f"tree{width}_tau"] = generated / tree
                 row[f"tree{width}_vs_chain"] = chain / tree
@@ -86,7 +90,9 @@ def main() -> None:
         lines = ["# Draft trees against the chain at equal budgets (greedy, offline replay)", "",
                  provenance.markdown_header(meta), f"- drafter: `{folder}`",
                  f"- data: first {args.limit} prompts of {', '.join(args.eval_set)}, the "
-                 f"target's greedy answers of {args.max_tokens} tokens (benchmarks/data)", "",
+                 f"target's greedy answers of {args.max_tokens} tokens (benchmarks/data)",
+                 f"- prompt lookup: {LOOKUP_NOTE if args.lookup else 'off'}",
+                 "",
                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in rows + totals:
             cells = [r["set"], str(r["size"]), f"{r['chain_tau']:.3f}"] + [

@@ -49,6 +49,8 @@ DRAFT_LEN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 # masks, logprobs) is verified speculatively.
 FALLBACK_REASONS = ("adaptive_policy", "one_token_requests")
 ROUND_KINDS = ("plain", "draft", "mixed", "copy", "tree")
+# what a tree round's accepted path ran along, per request (tree_path_counts)
+TREE_PATHS = ("none", "chain", "copy", "alternative", "lookup")
 MAX_PENDING_CLOCKS = 64  # round clocks kept until their CUDA events complete (RoundClock)
 
 
@@ -85,6 +87,27 @@ def head_change_outcomes(drafts: torch.Tensor, base_pick: torch.Tensor,
     if copied is not None:
         changed = changed & ~copied
     return draft_outcomes(changed, drafts, target_choice, accept_lens, rows)
+
+
+def tree_path_counts(won: torch.Tensor, accept_lens: torch.Tensor,
+                     copied: torch.Tensor | None = None) -> torch.Tensor:
+    """A tree round's requests by what their accepted path ran along, as counts [5] in
+    TREE_PATHS order: none (no draft accepted), chain (the drafted chain, the head's own
+    choices: the chain alone would have committed as much), copy (the drafted chain through a
+    pointer copy), alternative (a head alternative off the chain), lookup (an offered draft:
+    prompt lookup's, off the chain).
+
+    won [bs]: tree.winning_branch (0: the drafted chain, the first given branch; >= 1 an
+    offer's; -1: an alternative; -2: none); copied [bs, L-1] bool: the chain's positions the
+    pointer copy drafted (None: no pointer). On the device, no host sync."""
+    chain = won == 0
+    via_copy = torch.zeros_like(chain)
+    if copied is not None:
+        reached = (torch.arange(copied.shape[1], device=copied.device)[None, :]
+                   < (accept_lens - 1)[:, None])  # positions 1..a of the path
+        via_copy = chain & (copied & reached).any(dim=1)
+    return torch.stack(((won == -2).sum(), (chain & ~via_copy).sum(), via_copy.sum(),
+                        (won == -1).sum(), (won >= 1).sum()))
 
 
 class RoundClock:
@@ -183,6 +206,13 @@ class DominoMetrics:
             "Batched decode rounds by `kind`: plain (L = 1), draft (the drafter's), mixed (the "
             "drafter's and copied rows), copy (every row copied, no draft pass), tree (the "
             "drafter's draft tree).", ("kind",))
+        self.tree_paths = counter(
+            "tree_paths_total",
+            "Requests of tree rounds by what the accepted path ran along (`branch`): none (no "
+            "draft accepted), chain (the drafted chain, the head's first choices), copy (the "
+            "drafted chain through a pointer copy), alternative (a head alternative off the "
+            "chain: what the tree added), lookup (prompt lookup's draft, a branch of the tree "
+            "off the chain).", ("branch",))
         self.fallbacks = counter(
             "fallback_requests_total",
             "Request-rounds decoded without speculation (L = 1), by `reason`.",
@@ -236,6 +266,7 @@ class DominoMetrics:
         for reason in FALLBACK_REASONS:
             self.fallbacks.labels(**lv, reason=reason)
         self._kinds = {k: self.round_kinds.labels(**lv, kind=k) for k in ROUND_KINDS}
+        self._tree_paths = [self.tree_paths.labels(**lv, branch=b) for b in TREE_PATHS]
         self._draft_time = self.draft_time.labels(**lv)
         self._verify_time = self.verify_time.labels(**lv)
         self._draft_len = self.draft_len.labels(**lv)
@@ -252,12 +283,13 @@ class DominoMetrics:
     def round_stats(accept_lens: torch.Tensor, draft_len: int,
                     head_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None,
                     copy_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None,
-                    offered: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+                    offered: dict[str, torch.Tensor] | None = None,
+                    tree_paths: torch.Tensor | None = None) -> torch.Tensor:
         """What record_round reads back, as one int64 device vector (no host sync): the
-        per-position accepted counts [L-1], (right, wrong, copy right, copy wrong), and for
+        per-position accepted counts [L-1], (right, wrong, copy right, copy wrong), for
         each offering proposer of `offered` (name -> the rows [bs] bool it drafted), in order,
-        (rows, their accepted drafts). The worker reads it back together with the policy's
-        accept lengths (one sync a round)."""
+        (rows, their accepted drafts), and a tree round's `tree_path_counts` [4]. The worker
+        reads it back together with the policy's accept lengths (one sync a round)."""
         n = draft_len - 1
         positions = torch.arange(1, n + 1, device=accept_lens.device)
         # accepted_at[p] = #requests with a >= p; their sum is the total accepted drafts
@@ -266,6 +298,8 @@ class DominoMetrics:
                        for o in (head_outcomes, copy_outcomes))]
         for rows in (offered or {}).values():
             parts.append(torch.stack((rows.sum(), ((accept_lens - 1) * rows).sum())))
+        if tree_paths is not None:
+            parts.append(tree_paths)
         return torch.cat([p.to(torch.int64) for p in parts])
 
     def record_round(self, accept_lens: torch.Tensor, draft_len: int,
@@ -273,12 +307,13 @@ class DominoMetrics:
                      head_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None,
                      copy_outcomes: tuple[torch.Tensor, torch.Tensor] | None = None,
                      offered: dict[str, torch.Tensor] | None = None,
-                     stats: list[int] | None = None) -> None:
+                     stats: list[int] | None = None,
+                     tree_paths: torch.Tensor | None = None) -> None:
         """Count one batched round: accept_lens [bs] (a + 1 per request, device tensor),
         draft_len L (the chain length verified for every request this round), the round's clock
         (marked after draft and after verify), `head_change_outcomes(...)` /
-        `draft_outcomes(copied, ...)` if computed, and the rows each offering proposer drafted
-        (name -> [bs] bool).
+        `draft_outcomes(copied, ...)` if computed, the rows each offering proposer drafted
+        (name -> [bs] bool), and a tree round's `tree_path_counts`.
         stats: `round_stats(...)` already read back by the caller (else read here: one sync,
         none in a plain round)."""
         if not self.enabled:
@@ -287,7 +322,7 @@ class DominoMetrics:
         if stats is None:
             if n > 0 or head_outcomes is not None or copy_outcomes is not None or offered:
                 stats = self.round_stats(accept_lens, draft_len, head_outcomes, copy_outcomes,
-                                         offered).tolist()  # one sync
+                                         offered, tree_paths).tolist()  # one sync
             else:  # a plain round (L = 1): nothing drafted, nothing to read back
                 stats = [0, 0, 0, 0]
         at_counts, (right, wrong, copy_right, copy_wrong) = stats[:n], stats[n:n + 4]
@@ -310,6 +345,10 @@ class DominoMetrics:
         for i, name in enumerate(offered or {}):
             rows, accepted = stats[n + 4 + 2 * i:n + 6 + 2 * i]
             self.record_offered(name, rows, accepted)
+        if tree_paths is not None:
+            for series, count in zip(self._tree_paths, stats[n + 4 + 2 * len(offered or {}):]):
+                if count:
+                    series.inc(count)
         self._draft_len.observe(draft_len)
         if isinstance(clock, RoundClock):
             self._pending_clocks.append(clock)

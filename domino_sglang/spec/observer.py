@@ -5,13 +5,14 @@ After each round (worker.py `decode_round`) `RoundObserver.record` does, in orde
     learns from) and the metrics' counts, in one vector; none in a plain round without policy
     statistics (tests/server/test_sync_budget.py holds the budget per round kind);
   - the Prometheus counters (metrics.py): accepted tokens, the drafter's head changes and
-    pointer copies, each offering proposer's rows, round kinds;
+    pointer copies, each offering proposer's rows, round kinds, what tree rounds' accepted
+    paths ran along (tree.winning_branch);
   - the policy's acceptance estimates (policy.py): the drafter's alpha from the rows it drafted,
     each offering proposer's from the rows it drafted; rows committing one token do not vote;
 and at the next round's start (`start_round`) the cost calibration: the previous round's wall
 time, start to start, to the policy (policy.py "Calibration"), with a debug log line per round.
-Depends on metrics.py, the policy's interface and tp.RankAgreement (at TP > 1 every rank learns
-from rank 0's round times); no SGLang.
+Depends on metrics.py, tree.py, the policy's interface and tp.RankAgreement (at TP > 1 every
+rank learns from rank 0's round times); no SGLang.
 """
 
 from __future__ import annotations
@@ -22,8 +23,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from domino_sglang.spec.metrics import RoundClock, draft_outcomes, head_change_outcomes
+from domino_sglang.spec.metrics import (
+    RoundClock,
+    draft_outcomes,
+    head_change_outcomes,
+    tree_path_counts,
+)
 from domino_sglang.spec.tp import RankAgreement
+from domino_sglang.spec.tree import winning_branch
 
 if TYPE_CHECKING:
     from domino_sglang.spec.plan import RoundPlan
@@ -71,10 +78,12 @@ class RoundObserver:
         bs, length, offered = len(batch.reqs), plan.length, plan.offered
         report = None if proposal is None else proposal.reports.get("domino")  # the drafter's
         accept_lens, drafted = verdict.accept_lens, None if report is None else report.base_pick
-        offers = {name: offer.found for name, offer in plan.offers.items()} or None
+        # a tree round's offers are branches: what they added is counted by the tree's paths
+        offers = (None if plan.tree_width
+                  else {name: offer.found for name, offer in plan.offers.items()} or None)
         observe = self.policy.enabled and length > 1  # the policy learns from drafted rounds
         readback = [verdict.judged.to(torch.int64)] if observe else []  # [bs]
-        outcomes = copies = None
+        outcomes = copies = tree_paths = None
         if self.metrics.enabled:  # the head's changes and copies, on the rows it drafted
             pointer_copied = None if report is None else report.copied
             if not plan.sampled and drafted is not None:
@@ -84,23 +93,28 @@ class RoundObserver:
                 if pointer_copied is not None:
                     copies = draft_outcomes(pointer_copied, chain[:, 1:], verdict.target_choice,
                                             accept_lens, d)
+            if proposal is not None and proposal.tree is not None and verdict.path is not None:
+                tree_paths = tree_path_counts(
+                    winning_branch(proposal.tree, verdict.path, accept_lens), accept_lens,
+                    None if report is None else report.copied)
             if length > 1 or offers is not None:
                 readback.append(self.metrics.round_stats(accept_lens, length, outcomes, copies,
-                                                         offers))
+                                                         offers, tree_paths))
         host = torch.cat(readback).tolist() if readback else []  # the one sync
         if self.metrics.enabled:  # plain round: no stats (nothing drafted), none read
             stats = host[bs:] if observe else host
             self.metrics.record_round(accept_lens, length, clock, outcomes, copies, offers,
-                                      stats=stats if length > 1 or offers is not None else None)
+                                      stats=stats if length > 1 or offers is not None else None,
+                                      tree_paths=tree_paths)
         if observe:  # capped rows gain nothing from L: they do not vote
             lens_host = host[:bs]
             voters = ([not c for c in plan.capped_host] if plan.capped_host is not None
                       else [True] * bs)
-            for name, offer in plan.offers.items():  # each proposer's drafts have an alpha
-                found = offer.found_host
+            for name in offers or {}:  # each proposer's drafts have an alpha
+                found = plan.offers[name].found_host
                 self.policy.observe_offer(name, [a for a, f in zip(lens_host, found) if f], length)
                 voters = [v and not f for v, f in zip(voters, found)]
-            if plan.draft_pass:
+            if plan.draft_pass:  # a tree round's rows all vote for the tree's estimate
                 self.policy.observe([a for a, v in zip(lens_host, voters) if v], length,
                                     tree=plan.tree_width > 0)
         self.metrics.record_kind(plan.kind)

@@ -15,12 +15,20 @@ class Offer:
     """An offering proposer's drafts for a round (protocol.OfferingProposer): found_host /
     found [bs] bool (the rows it drafts, on the host and on the device), drafts [bs, B-1] int64
     on the device (the mask token where a row has none), longest (its longest draft, in
-    tokens)."""
+    tokens), lens [bs] int64 on the device (each row's draft length, 0 without one)."""
 
     found_host: list[bool]
     found: torch.Tensor
     drafts: torch.Tensor
     longest: int
+    lens: torch.Tensor
+
+    def branch(self, depth: int) -> torch.Tensor:
+        """[bs, depth] the drafts as a tree branch (tree.grow_tree): -1 past each row's draft,
+        and in the rows it does not draft."""
+        at = torch.arange(depth, device=self.drafts.device)
+        keep = self.found[:, None] & (at[None, :] < self.lens[:, None])
+        return torch.where(keep, self.drafts[:, :depth], -1)
 
 
 ROUND_KINDS = ("plain", "draft", "copy", "mixed", "tree")  # metrics.ROUND_KINDS counts these
@@ -40,8 +48,8 @@ class RoundPlan:
     top_k_bounded: every request's top_k <= sampling.TOP_K_BOUND (read on the host)
     top_k_width: the largest request's top_k where bounded (the K its filter ranks)
     asked:      whether offering proposers were asked this round (debug log)
-    tree_width: K > 0: the L tokens verified form a draft tree, K children a node (tree.py);
-                0: a chain
+    tree_width: K > 0: the L tokens verified form a draft tree, K children a node (tree.py),
+                the offers branches of it (their proposers write nothing); 0: a chain
     """
 
     length: int

@@ -21,11 +21,12 @@ decision:
   5. a plain round (L = 1) verifies no offers;
   6. L is rounded up to a width the target's verify has graphs for (`widths`; every L on a
      CPU outside the GPU-shaped mode), with that many real drafts;
-  7. with trees on (`tree_width` K > 0), a round the drafter drafts alone may verify a draft
-     tree (tree.py) of N >= tree.MIN_SIZE tokens instead, N the policy's (policy.tree_len:
-     where a tree pays more than the chain of step 6; pinned or off, the chain's L as a
-     tree), unless a row needs the chain: an offer, one-token rows, a grammar (its mask
-     follows a linear chain), logprobs (read by chain position).
+  7. with trees on (`tree_width` K > 0), a round with a draft pass may verify a draft tree
+     (tree.py) of N >= tree.MIN_SIZE tokens instead, N the policy's (policy.tree_len: where a
+     tree pays more than the chain of step 6; pinned or off, the chain's L as a tree); the
+     offered rows' drafts are then branches of their trees beside the drafter's chain. Not
+     where a row needs the chain: one-token rows, a grammar (its mask follows a linear
+     chain), logprobs (read by chain position).
 Depends on torch, the proposers' protocol, the policy's interface (draft_len, offer_len,
 tree_len, may_offer_instead, enabled, pinned) and the fields of SGLang's schedule batch it reads
 (reqs, seq_lens_cpu, spec_info, sampling_info, has_grammar, return_logprob); SGLang's own test
@@ -110,7 +111,7 @@ class RoundPlanner:
         sampled = not all(greedy_host)
         bounded = sampled and all(k <= TOP_K_BOUND for k in top_ks)
         tree = 0  # 7: N, the tree's size, where the policy verifies one instead of the chain
-        if (self.tree_width > 0 and not offers and capped_host is None
+        if (self.tree_width > 0 and length > 1 and not offer_only and capped_host is None
                 and not batch.has_grammar and not batch.return_logprob):
             tree = self.policy.tree_len(bs, length, self.tree_sizes)
             length = tree or length

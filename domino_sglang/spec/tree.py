@@ -9,6 +9,8 @@ Terms and shapes (bs requests, N tree tokens with x_t, depth D <= B-1, K childre
     parents  [bs, N] int64  the parent of node j sits before it (parents[:, 0] = 0, the root)
     depths   [bs, N] int64  the root's 0; node j's position is prefix + depths[j]
     mask     [bs, N, N]     node j sees node i iff i is j or one of j's ancestors
+    branch   [bs, N] int64  the given branch (grow_tree's `branches`, by index) node j's path
+                            follows, -1 none (a head alternative); the root -1
     choice   [bs, N] int64  y_j, the target's own token after node j's path: argmax p_j for a
                             greedy row, a draw from p_j (the request's processed distribution)
                             for a sampled one, by a uniform of position prefix + depth_j + 1
@@ -43,7 +45,7 @@ Depends on torch, primitives.py, sampling.py and rollout.py (head steps); no SGL
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -63,7 +65,10 @@ from domino_sglang.spec.sampling import (
 MIN_SIZE = 6
 _ROOT_HASH = 0x5DEECE66D  # the empty path
 _HASH_MUL = 0x100000001B3  # FNV-1's prime: hash(path + t) = hash(path) * MUL + t + 1, wrapping
-_KEPT = 1e9  # a given branch's score: above every grown node's (log-probabilities are <= 0)
+# a given branch's node at depth d scores _KEPT - 16 d - (the branch's index): above every
+# grown node (log-probabilities are <= 0), shallower first, then the earlier branch; integers
+# exact in float32, so a child never ties its parent and the cut never takes a child alone
+_KEPT = 1e5
 _DEPTH_TIE = 1e-4  # subtracted per depth: a child never ties its parent (log q may round to 0)
 
 
@@ -76,6 +81,7 @@ class DraftTree:
     parents: torch.Tensor
     depths: torch.Tensor
     depth: int
+    branch: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -143,6 +149,16 @@ def follow(tree: DraftTree, choice: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return choice.gather(1, path), accepted + 1, path
 
 
+def winning_branch(tree: DraftTree, path: torch.Tensor, accept_lens: torch.Tensor
+                   ) -> torch.Tensor:
+    """[bs] int64: the given branch (DraftTree.branch) the accepted path of follow() ran along,
+    -1 where it took a head alternative, -2 where no draft was accepted. No host sync."""
+    end = path.gather(1, (accept_lens.long() - 1)[:, None])  # [bs, 1] the path's last node
+    on = (tree.branch if tree.branch is not None
+          else torch.full_like(tree.tokens, -1)).gather(1, end).squeeze(1)
+    return torch.where(accept_lens > 1, on, torch.full_like(on, -2))
+
+
 def target_choices(logits: torch.Tensor, depths: torch.Tensor, prefix_lens: torch.Tensor,
                    rows: SamplingRows | None) -> torch.Tensor:
     """y [bs, N] of the verify logits [bs, N, V] (after the request's logit adjustments):
@@ -182,7 +198,8 @@ def grow_tree(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, size: int,
     node and K nodes expanded per depth, down to `depth` (default: as deep as the block, at
     most size - 1); branches: token paths [bs, m] (d_1 .. d_m) whose first `kept_depth` tokens
     are kept whatever their score (default half the budget, rounded up: the rest to the head's
-    alternatives; the chain drafted with the pointer copy kept whole would fill the tree).
+    alternatives; the chain drafted with the pointer copy kept whole would fill the tree); a
+    row's branch may end early, its tokens -1 from there on.
     inputs: the block's base logits and pool where the caller has them (the chain's)."""
     bs = z.shape[0]
     inputs = HeadInputs.of(z, head, candidate_pool) if inputs is None else inputs
@@ -229,21 +246,36 @@ def grow_tree(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, size: int,
             state = gru_step(gru, head.embed(tok).to(gdtype).flatten(0, 1),
                              parent_state.flatten(0, 1)).view(bs, width, g)
     kept_depth = min((size + 1) // 2 if kept_depth is None else kept_depth, depth)
-    for branch in branches:  # kept whatever their score, in path order
+    paths = []  # [bs, m] per branch: the hashes of its paths d_1, d_1 d_2, ..
+    for b, branch in enumerate(branches):  # kept whatever their score, in path order
         h = torch.full_like(branch[:, 0], _ROOT_HASH)
-        for k in range(min(branch.shape[1], kept_depth)):
-            nxt = _extend(h, branch[:, k])
-            offer(torch.full(h.shape, _KEPT, device=z.device)[:, None], branch[:, k, None],
-                  nxt[:, None], h[:, None], k + 1)
+        path = []
+        for k in range(branch.shape[1]):
+            token = branch[:, k].clamp(min=0)  # a -1: the row's branch ended (offered nowhere)
+            nxt = _extend(h, token)
+            if k < kept_depth:
+                score = torch.where(branch[:, k] >= 0, _KEPT - 16.0 * (k + 1) - b,
+                                    float("-inf"))
+                offer(score[:, None], token[:, None], nxt[:, None], h[:, None], k + 1)
+            path.append(torch.where(branch[:, k] >= 0, nxt, _ROOT_HASH))
             h = nxt
-    return _select(torch.cat(scores, 1), torch.cat(tokens, 1), torch.cat(hashes, 1),
-                   torch.cat(parent_hashes, 1), torch.cat(depths, 1), bonus, size, depth)
+        paths.append(torch.stack(path, dim=1))
+    tree, node_hashes = _select(torch.cat(scores, 1), torch.cat(tokens, 1), torch.cat(hashes, 1),
+                                torch.cat(parent_hashes, 1), torch.cat(depths, 1), bonus, size,
+                                depth)
+    on = torch.full_like(tree.tokens, -1)  # [bs, N] the first branch each node's path follows
+    for b in reversed(range(len(paths))):
+        hit = (node_hashes[:, :, None] == paths[b][:, None, :]).any(dim=2)
+        on = torch.where(hit, torch.full_like(on, b), on)
+    on[:, 0] = -1
+    return replace(tree, branch=on)
 
 
 def _select(score: torch.Tensor, token: torch.Tensor, h: torch.Tensor, parent_h: torch.Tensor,
-            depth_of: torch.Tensor, bonus: torch.Tensor, size: int, depth: int) -> DraftTree:
+            depth_of: torch.Tensor, bonus: torch.Tensor, size: int, depth: int
+            ) -> tuple[DraftTree, torch.Tensor]:
     """The best size - 1 distinct nodes of the offered ones ([bs, M] each), as a tree ordered
-    by depth (parents first)."""
+    by depth (parents first), and its nodes' path hashes [bs, N]."""
     m = score.shape[1]
     at = torch.arange(m, device=score.device)
     same = h[:, :, None] == h[:, None, :]  # [bs, M, M] the same path offered twice
@@ -258,4 +290,4 @@ def _select(score: torch.Tensor, token: torch.Tensor, h: torch.Tensor, parent_h:
     wanted = parent_h.gather(1, chosen)  # [bs, N-1]
     parents = (wanted[:, :, None] == hashes[:, None, :]).int().argmax(dim=2)  # [bs, N-1]
     parents = torch.cat((torch.zeros_like(parents[:, :1]), parents), dim=1)
-    return DraftTree(tokens, parents.long(), depths, depth)
+    return DraftTree(tokens, parents.long(), depths, depth), hashes

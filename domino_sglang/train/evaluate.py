@@ -89,7 +89,7 @@ def rollout_tau(module: DrafterTrainModule, feats: TargetFeatures, records: list
 @torch.no_grad()
 def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
                   use_head: bool = True, draft_lens: tuple[int, ...] | None = None,
-                  short_draft: bool = False) -> int:
+                  short_draft: bool = False, lookup: bool = False) -> int:
     """Verify rounds the worker's greedy loop needs to commit rec's generated tokens.
 
     rec = {"id", "ids": prompt + generated, "start": prompt length}, generated greedily by the
@@ -101,6 +101,8 @@ def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
     round at committed length a verifies L = draft_lens[a mod len] chain tokens (L - 1 drafts;
     L = 1: plain, a += 1).
     short_draft: a round of L < B drafts [x_a, MASK x (L-1)] alone (the worker's short draft).
+    lookup: a round where prompt lookup finds a draft (lookup.py's rule over the history so far)
+    verifies it, up to L - 1 tokens, instead of the drafter's (a row with an offer).
     Equal to the served spec_verify_ct when serving computes what the drafter computes.
     """
     from domino_sglang.model.config import DEFAULT_CANDIDATE_POOL
@@ -117,6 +119,12 @@ def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
         if n == 0:
             a += 1
             continue
+        offer = lookup_draft(rec, a, n) if lookup else []
+        if offer:  # the offered row: its copied drafts, no draft pass
+            got = ids.new_tensor(offer)
+            want = ids[a + 1:a + 1 + len(offer)]
+            a += 1 + int((got[:len(want)] == want).int().cumprod(dim=0).sum())
+            continue
         short = torch.tensor([n + 1]) if short_draft and n + 1 < B else None
         z, _, labels = module._blocks(ids, f, [a], B, short)  # [1, B-1, H], [1, B-1]
         # [1, L, H], as the worker rolls out: its candidate pool is shared by these L positions
@@ -132,15 +140,27 @@ def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
 
 
 @torch.no_grad()
+def lookup_draft(rec: dict, a: int, n: int) -> list[int]:
+    """Prompt lookup's draft (at most n tokens) after the history rec["ids"][:a + 1] (x_a
+    last), by the served rule (lookup.LookupIndex); [] where no suffix recurs."""
+    from domino_sglang.spec.proposers.lookup import LookupIndex
+
+    index = LookupIndex(n)
+    index.sync(rec["ids"][:rec["start"]], rec["ids"][rec["start"]:a + 1])
+    s, m = index.find()
+    return index.tokens(s + 1, s + 1 + m) if m > 0 else []
+
+
 def replay_tree_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict, size: int,
-                       width: int, short_draft: bool = False) -> int:
+                       width: int, short_draft: bool = False, lookup: bool = False) -> int:
     """Verify rounds a tree round of `size` tokens (spec/tree.py, width K) needs to commit rec's
     generated tokens, as replay_rounds counts a chain's: each round grows the tree from the
     block's states with the chain the drafter drafts (pointer copy included) as a branch,
     and commits the path of drafts equal to the record's next tokens, then one token. A node off
     that path never matters: its children are never followed, so the record's tokens stand for
     the target's choices. short_draft: a tree shallower than the block drafts from
-    [x_a, MASK x (size - 1)] alone (the worker's short draft)."""
+    [x_a, MASK x (size - 1)] alone (the worker's short draft). lookup: prompt lookup's draft,
+    where it finds one, is a second kept branch."""
     from domino_sglang.model.config import DEFAULT_CANDIDATE_POOL
     from domino_sglang.spec.rollout import HeadInputs, greedy_rollout
     from domino_sglang.spec.tree import follow, grow_tree
@@ -163,7 +183,9 @@ def replay_tree_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: d
         bonus = ids[a:a + 1]
         inputs = HeadInputs.of(z, head, DEFAULT_CANDIDATE_POOL)
         chain = greedy_rollout(z, bonus, head, copy=copy, inputs=inputs)  # [1, D]
-        tree = grow_tree(z, bonus, head, size, width, branches=(chain,), inputs=inputs)
+        offer = lookup_draft(rec, a, depth) if lookup else []
+        branches = (chain, ids.new_tensor([offer])) if offer else (chain,)
+        tree = grow_tree(z, bonus, head, size, width, branches=branches, inputs=inputs)
         at = a + tree.depths + 1  # [1, N] where the token after each node sits in the record
         choice = torch.where(at < T, ids[at.clamp(max=T - 1)], -1)
         _, accept_len, _ = follow(tree, choice)

@@ -1,8 +1,9 @@
 """Draft trees served (--speculative-domino-tree-width): lossless greedy and sampled.
 
-One float32 DOMINO server with the shipped drafter, trees of width 4, prompt lookup off (so every
-speculative round is the drafter's tree), the verified size cycling 6, 8, 16 by the committed
-length, in the GPU's control flow (--speculative-domino-debug-gpu-shape on). Greedy: its output
+One float32 DOMINO server with the shipped drafter, trees of width 4, the verified size cycling
+6, 8, 16 by the committed length (so every speculative round with a draft pass is a tree, prompt
+lookup's drafts its branches where a row has one), in the GPU's control flow
+(--speculative-domino-debug-gpu-shape on). Greedy: its output
 equals plain decoding's token for token, one request at a time and 8 at once (the accepted
 path's KV moved to the committed positions, its features into the draft context: a wrong move
 would change later tokens). Sampled: its answers at T = 0.8 follow plain decoding's distribution
@@ -31,7 +32,6 @@ def server():
     with start_server("domino-tree", ["--dtype", "float32", "--max-total-tokens", "16384",
                                       "--drafter", str(shipped_drafter_dir())],
                       ["--speculative-domino-tree-width", "4",
-                       "--speculative-domino-lookup", "off",
                        "--speculative-domino-debug-draft-len", "6,8,16",
                        "--speculative-domino-debug-gpu-shape", "on"]) as srv:
         yield srv
@@ -59,6 +59,7 @@ def test_greedy_tree_output_equals_plain_decoding(server, ar_server_fp32, chat_i
         reference = [r["output_ids"] for r in
                      pool.map(lambda ids: _generate(ar_server_fp32.url, ids), prompts)]
     trees = _counter(server.url, "domino_rounds_total", 'kind="tree"')
+    paths = _counter(server.url, "domino_tree_paths_total")
     alone = [_generate(server.url, ids) for ids in prompts[:4]]
     for i, (got, want) in enumerate(zip(alone, reference)):
         assert got["output_ids"] == want, f"prompt {i} alone: differs from plain decoding"
@@ -67,6 +68,10 @@ def test_greedy_tree_output_equals_plain_decoding(server, ar_server_fp32, chat_i
     for i, (got, want) in enumerate(zip(batched, reference)):
         assert got["output_ids"] == want, f"prompt {i}, 8 at once: differs from plain decoding"
     assert _counter(server.url, "domino_rounds_total", 'kind="tree"') > trees, "no tree round"
+    # every tree round's requests counted by what their accepted path ran along
+    assert _counter(server.url, "domino_tree_paths_total") > paths
+    print({b: _counter(server.url, "domino_tree_paths_total", f'branch="{b}"')
+           for b in ("none", "chain", "copy", "alternative", "lookup")})
     # the trees committed drafts: tokens per verify round (SGLang's tau, the prefill's token in)
     tokens = sum(len(r["output_ids"]) for r in alone)
     rounds = sum(r["meta_info"]["spec_verify_ct"] for r in alone)

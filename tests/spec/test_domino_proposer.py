@@ -84,3 +84,48 @@ def test_a_tree_round_verifies_the_grown_tree_at_any_temperature(sampled):
                     and int(tree.tokens[b, j]) == int(drafts[b, k])]
             assert len(kids) == 1, (b, k)
             at_node = kids[0]
+
+
+def test_an_offer_is_a_branch_of_the_tree_and_written_nowhere_else():
+    """A tree round with an offer (planner step 7): the offered rows' drafts, to each draft's
+    own end, are a path of their tree (branch 1); the rows without one have no node on branch
+    1; the offering proposer leaves the chain to the drafter's tree."""
+    from domino_sglang.spec.plan import Offer
+    from tests.spec.toy_proposer import RepeatLast
+
+    bs, length, prefix = 3, B, 10
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(bs, B, H, generator=g)
+    chain = torch.zeros(bs, B, dtype=torch.int64)
+    chain[:, 0] = torch.randint(0, V, (bs,), generator=g)
+    drafts = torch.randint(0, V, (bs, B - 1), generator=g)
+    offer = Offer([True, False, True], torch.tensor([True, False, True]), drafts, 4,
+                  torch.tensor([4, 0, 2]))  # row 1's drafts are not its offer
+    plan = RoundPlan(length=length, draft_pass=True, offers={"toy": offer}, capped_host=None,
+                     capped=None, sampled=False, seeds=[None] * bs, asked=True, tree_width=3)
+    positions = prefix + torch.arange(B).expand(bs, B).clone()
+    at = DraftSlots(chain, positions, torch.zeros(bs, B, dtype=torch.int64))
+    batch = SimpleNamespace(reqs=[None] * bs, sampling_info=SimpleNamespace(logit_bias=None))
+    got = _proposer(z, True).propose(batch, plan, at, Proposal())
+    toy = RepeatLast(B, "cpu", V)
+    toy.name = "toy"
+    before = chain.clone()
+    assert toy.propose(batch, plan, at, got) is got and torch.equal(chain, before)
+    tree = got.tree
+
+    def path(b, node):
+        tokens = []
+        while node:
+            tokens.append(int(tree.tokens[b, node]))
+            node = int(tree.parents[b, node])
+        return tokens[::-1]
+
+    for b, n in enumerate([4, 0, 2]):  # drafts past a row's length are offered nowhere
+        paths = [path(b, j) for j in range(1, length)]
+        # two kept branches share the N - 1 nodes level by level, the chain first: the
+        # offer keeps (N - 1) // 2 levels at least
+        for k in range(1, min(n, (length - 1) // 2) + 1):
+            assert paths.count(drafts[b, :k].tolist()) == 1, (b, k)
+        for j in range(1, length):  # branch 1: a prefix of the offer (branch 0 where the
+            if int(tree.branch[b, j]) == 1:  # chain drafted it too)
+                assert n and paths[j - 1] == drafts[b, :len(paths[j - 1])].tolist()

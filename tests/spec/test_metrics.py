@@ -9,11 +9,13 @@ from prometheus_client import CollectorRegistry
 
 from domino_sglang.spec.metrics import (
     ROUND_KINDS,
+    TREE_PATHS,
     DominoMetrics,
     RoundClock,
     accepted_by_position,
     draft_outcomes,
     head_change_outcomes,
+    tree_path_counts,
 )
 from domino_sglang.spec.rollout import base_logits, greedy_rollout
 from tests.spec.test_rollout import B, H, V, make_head
@@ -146,6 +148,27 @@ def test_offering_proposers_are_counted_by_name():
     kept = "domino_lookup_tokens_accepted_total"
     assert value(reg, kept, proposer="lookup") == 2 and value(reg, kept, proposer="toy") == 3
     assert value(reg, "domino_draft_tokens_accepted_total") == 2 + 0 + 3
+
+
+def test_tree_paths_are_counted_by_what_they_ran_along():
+    """domino_tree_paths_total{branch}: every branch exists at 0; a tree round's requests by
+    tree_path_counts: no draft accepted, the chain (head's choices), the chain through a copy
+    (a copied position among the path's 1..a), an alternative, an offer (prompt lookup)."""
+    reg = CollectorRegistry()
+    m = DominoMetrics({"model_name": "m"}, max_draft_len=8, registry=reg)
+    assert [value(reg, "domino_tree_paths_total", branch=b) for b in TREE_PATHS] == [0] * 5
+    won = torch.tensor([-2, 0, 0, 0, -1, 1])  # winning_branch per request
+    accept = torch.tensor([1, 3, 3, 2, 4, 5])
+    copied = torch.zeros(6, 5, dtype=torch.bool)
+    copied[2, 1] = True  # request 2's path took the copy at position 2 (a = 2)
+    copied[3, 1] = True  # request 3's copy lies past its path (a = 1): the head's chain
+    counts = tree_path_counts(won, accept, copied)
+    assert counts.tolist() == [1, 2, 1, 1, 1]
+    assert tree_path_counts(won, accept).tolist() == [1, 3, 0, 1, 1]  # no pointer
+    m.record_round(accept, 6, RoundClock(cuda=False), tree_paths=counts)
+    assert [value(reg, "domino_tree_paths_total", branch=b)
+            for b in TREE_PATHS] == [1, 2, 1, 1, 1]
+    assert value(reg, "domino_draft_tokens_accepted_total") == 0 + 2 + 2 + 1 + 3 + 4
 
 
 def test_round_kinds_are_counted():

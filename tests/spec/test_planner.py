@@ -217,9 +217,10 @@ def test_every_round_drops_what_finished_requests_left_in_the_proposers():
     assert not plan.asked and set(lookup.indexes) == {"a"}
 
 
-def test_trees_where_the_drafter_drafts_alone_from_the_smallest_tree():
-    """Step 7: with trees on, a drafter round of L >= tree.MIN_SIZE verifies a tree; a shorter
-    one, an offered row, a grammar or logprobs keep the chain; trees off never."""
+def test_trees_from_the_smallest_size_offers_as_branches():
+    """Step 7: with trees on, a drafter round of L >= tree.MIN_SIZE verifies a tree, offered
+    rows' drafts as branches; a shorter one, an offer-only round, a grammar or logprobs keep
+    the chain; trees off never."""
     def plan(length, tokens=NEW, width=3, **flags):
         b = batch(req(tokens), req(NEW, rid="s"))
         b.has_grammar, b.return_logprob = flags.get("grammar", False), flags.get("logprob", False)
@@ -231,8 +232,13 @@ def test_trees_where_the_drafter_drafts_alone_from_the_smallest_tree():
     assert plan(MIN_TREE_SIZE - 1).tree_width == 0
     assert plan(B, width=0).tree_width == 0
     assert plan(B, grammar=True).tree_width == 0 and plan(B, logprob=True).tree_width == 0
-    offered = plan(B, tokens=REPEAT)
-    assert offered.offers and offered.tree_width == 0
+    offered = plan(B, tokens=REPEAT)  # one row offered: its draft a branch of its tree
+    assert offered.offers and offered.draft_pass and offered.tree_width == 3
+    b = batch(req(REPEAT), req(REPEAT, rid="s"))
+    b.has_grammar = b.return_logprob = False
+    every = RoundPlanner(StubPolicy(length=B), B, "cpu", [PromptLookup(B, MASK, "cpu", VOCAB)],
+                         tree_width=3).plan(b)  # every row offered: the copy round, no tree
+    assert (every.kind, every.tree_width) == ("copy", 0)
 
 
 def test_the_policy_sizes_the_tree():

@@ -12,7 +12,13 @@ from scipy.stats import chisquare
 
 from domino_sglang.spec.rollout import greedy_rollout
 from domino_sglang.spec.sampling import SamplingRows
-from domino_sglang.spec.tree import DraftTree, follow, grow_tree, target_choices
+from domino_sglang.spec.tree import (
+    DraftTree,
+    follow,
+    grow_tree,
+    target_choices,
+    winning_branch,
+)
 from domino_sglang.spec.verify import verify_greedy
 from tests.spec.test_rollout import B, H, V, make_head
 
@@ -152,6 +158,65 @@ def test_branches_are_kept_to_half_the_budget():
             assert len(kids) == 1
             at = kids[0]
     assert (tree.depths == 1).sum(dim=1).max() >= 2  # the other half: the head's nodes
+
+
+def _node_path(tree: DraftTree, b: int, j: int) -> list[int]:
+    """Node j's path's tokens (d_1 .. d_depth) in row b."""
+    path = []
+    while j:
+        path.append(int(tree.tokens[b, j]))
+        j = int(tree.parents[b, j])
+    return path[::-1]
+
+
+def test_each_node_knows_the_branch_its_path_follows():
+    """DraftTree.branch: the first given branch whose drafts the node's path is a prefix of
+    (kept or grown by the head alike), -1 for the head's alternatives and the root."""
+    head = make_head(5)
+    z, bonus = torch.randn(6, B, H), torch.randint(0, V, (6,))
+    chain = greedy_rollout(z, bonus, head)
+    spine = torch.randint(0, V, (6, 3))
+    tree = grow_tree(z, bonus, head, size=10, width=3, branches=(chain, spine))
+    for b in range(6):
+        assert int(tree.branch[b, 0]) == -1
+        for j in range(1, tree.size):
+            path = _node_path(tree, b, j)
+            want = next((i for i, branch in enumerate((chain[b], spine[b]))
+                         if branch[:len(path)].tolist() == path), -1)
+            assert int(tree.branch[b, j]) == want
+    assert (tree.branch == -1)[:, 1:].any() and (tree.branch == 1).any()
+
+
+def test_kept_branches_over_the_budget_share_it_level_by_level():
+    """Two kept branches longer than the budget: the tree takes them shallowest level first,
+    the earlier branch first within a level, and stays a tree (every node's parent in it)."""
+    head = make_head(6)
+    z, bonus = torch.randn(4, B, H), torch.randint(0, V, (4,))
+    one = torch.randint(0, V, (4, B - 1))
+    two = (one + 1) % V  # differs from `one` at every depth
+    tree = grow_tree(z, bonus, head, size=6, width=3, branches=(one, two), kept_depth=B - 1)
+    for b in range(4):
+        paths = [_node_path(tree, b, j) for j in range(1, 6)]
+        for j in range(1, 6):
+            p = int(tree.parents[b, j])
+            assert p < j and int(tree.depths[b, j]) == int(tree.depths[b, p]) + 1
+        want = [one[b, :1], two[b, :1], one[b, :2], two[b, :2], one[b, :3]]
+        assert sorted(paths) == sorted(w.tolist() for w in want)
+
+
+def test_the_winning_branch_of_an_accepted_path():
+    """winning_branch: the branch of the accepted path's last node; -2 where nothing was
+    accepted. Row 0 follows the chain (branch 0), row 1 leaves it for an alternative, row 2
+    accepts no draft."""
+    tree = _tree([([9, 1, 2, 3, 4], [0, 0, 0, 1, 2])] * 3)  # x_t; 1, 2 at depth 1; 3 < 1, 4 < 2
+    tree = DraftTree(tree.tokens, tree.parents, tree.depths, tree.depth,
+                     branch=torch.tensor([[-1, 0, -1, 0, -1]] * 3))
+    choice = torch.tensor([[1, 3, 0, 7, 0], [2, 0, 4, 0, 8], [5, 0, 0, 0, 0]])  # y per node
+    _, accept_lens, path = follow(tree, choice)
+    assert accept_lens.tolist() == [3, 3, 1]
+    assert winning_branch(tree, path, accept_lens).tolist() == [0, -1, -2]
+    assert winning_branch(DraftTree.chain(torch.tensor([[9, 1, 3]])), torch.tensor([[0, 1, 2]]),
+                          torch.tensor([3])).tolist() == [-1]  # no given branch: alternatives
 
 
 def test_width_too_small_for_the_size_is_refused():

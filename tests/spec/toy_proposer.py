@@ -29,7 +29,8 @@ class RepeatLast(OfferingProposer):
             return None
         n = self.block_size - 1
         drafts = bonus[:, None].expand(-1, n).clone()  # [bs, B-1]
-        return Offer(found_host, torch.tensor(found_host, device=self.device), drafts, n)
+        found = torch.tensor(found_host, device=self.device)
+        return Offer(found_host, found, drafts, n, found.long() * n)
 
 
 def for_server(ctx: ProposerContext) -> RepeatLast:

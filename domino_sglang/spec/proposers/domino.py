@@ -36,7 +36,8 @@ class DominoReport:
     reads.
 
     base_pick  [bs, L-1] greedy rounds: the backbone's own argmax picks (the head's changes)
-    copied     [bs, L-1] bool greedy rounds: the positions the pointer copy drafted
+    copied     [bs, L-1] bool greedy and tree rounds: the chain's positions the pointer copy
+               drafted
     pointer    whether the drafter's pointer copy path ran
     """
 
@@ -109,8 +110,9 @@ class DominoProposer:
 
     def propose_tree(self, batch, plan, at: DraftSlots) -> Proposal:
         """A tree round: the greedy chain of L - 1 drafts (pointer copy included), then the tree
-        of L tokens grown from the same block states beside it (tree.grow_tree); its tokens and
-        positions over chain[:, :L] and positions[:, :L]. Rolled out eagerly (no static
+        of L tokens grown from the same block states beside it and the offered drafts
+        (tree.grow_tree: branch 0 the chain, then each offer in the plan's order); its tokens
+        and positions over chain[:, :L] and positions[:, :L]. Rolled out eagerly (no static
         runner grows trees yet: counted as `tree` eager rounds)."""
         if self.rollout_graphs is not None:
             self.metrics.record_eager("tree")
@@ -124,11 +126,14 @@ class DominoProposer:
         inputs = HeadInputs.of(z, self.head, self.candidate_pool)  # shared by chain and tree
         drafted = greedy_rollout(z, bonus, self.head, self.candidate_pool,
                                  use_head=self.use_head, copy=copy, inputs=inputs)  # [bs, L-1]
-        tree = grow_tree(z, bonus, self.head, length, plan.tree_width, branches=(drafted,),
-                         inputs=inputs)
+        offered = tuple(offer.branch(length - 1) for offer in plan.offers.values())
+        tree = grow_tree(z, bonus, self.head, length, plan.tree_width,
+                         branches=(drafted, *offered), inputs=inputs)
         chain[:, :length] = tree.tokens
         at.positions[:, :length] = tree.positions(at.positions[:, 0])
-        return Proposal(reports={self.name: DominoReport(pointer=copy is not None)}, tree=tree)
+        report = DominoReport(copied=None if copy is None else copy.copied(),
+                              pointer=copy is not None)
+        return Proposal(reports={self.name: report}, tree=tree)
 
     def static_rollout(self, batch, z, chain, length: int, at: DraftSlots, copy_history
                        ) -> Proposal | None:

@@ -210,21 +210,21 @@ class PromptLookup(OfferingProposer):
         exact)."""
         n, mask = self.block_size - 1, self.mask_token_id
         skip = capped or [False] * len(batch.reqs)
-        # per row: drafts (mask-padded to n), found, the history's last token
+        # per row: drafts (mask-padded to n), found, the history's last token, the draft's length
         packed, longest = [], 0
         for i, req in enumerate(batch.reqs):
-            row = [mask] * n + [0, mask]
+            row = [mask] * n + [0, mask, 0]
             if not skip[i]:
                 index = self._index(req)
                 draft = index.draft()
                 if draft:
                     row[:len(draft)] = draft
-                    row[n], row[n + 1] = 1, index.last_token
+                    row[n], row[n + 1], row[n + 2] = 1, index.last_token, len(draft)
                     longest = max(longest, len(draft))
             packed.append(row)
         if not longest:
             return None
         found_host = [row[n] == 1 for row in packed]
-        dev = torch.tensor(packed, dtype=torch.int64).to(self.device)  # [bs, B + 1]
+        dev = torch.tensor(packed, dtype=torch.int64).to(self.device)  # [bs, B + 2]
         found = (dev[:, n] == 1) & (dev[:, n + 1] == bonus)
-        return Offer(found_host, found, dev[:, :n], longest)
+        return Offer(found_host, found, dev[:, :n], longest, dev[:, n + 2])

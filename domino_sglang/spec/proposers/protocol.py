@@ -104,9 +104,10 @@ class OfferingProposer:
 
     def propose(self, batch, plan: RoundPlan, at: DraftSlots, proposal: Proposal) -> Proposal:
         """The offered rows' drafts over the chain, [x_t, offer, MASK..]; in a sampled round
-        their q one-hot on them (one_hot_proposal), the other rows keeping theirs."""
+        their q one-hot on them (one_hot_proposal), the other rows keeping theirs. A tree
+        round's offers are branches of the drafter's trees: nothing written here."""
         offer = plan.offers.get(self.name)
-        if offer is None:
+        if offer is None or plan.tree_width:
             return proposal
         chain = at.chain
         chain[:, 1:] = torch.where(offer.found[:, None], offer.drafts, chain[:, 1:])
