@@ -119,6 +119,9 @@ def main() -> None:
                          "target as a bf16 GGUF, the same threads (benchmarks/llamacpp.py); "
                          "every other method is also paired against it; skipped, with the "
                          "reason reported, when it cannot be built here")
+    ap.add_argument("--paired-against", nargs="+", default=[], metavar="M",
+                    help="also pair every other method against these methods of the run (e.g. "
+                         "a draft tree against the chain of its size), as against llama.cpp")
     ap.add_argument("--top-k", type=int, default=None,
                     help="sampled points (T > 0) also ask this top-k (Qwen3's default: 20)")
     ap.add_argument("--top-p", type=float, default=None,
@@ -126,6 +129,10 @@ def main() -> None:
     ap.add_argument("--out", default="throughput")
     args = ap.parse_args()
     args.methods = list(dict.fromkeys(canonical(m) for m in args.methods))
+    args.paired_against = [canonical(m) for m in args.paired_against]
+    for m in args.paired_against:
+        if m not in args.methods:
+            ap.error(f"--paired-against: {m} is not among --methods")
     args.base_methods = list(dict.fromkeys(canonical(m) for m in args.base_methods))
     methods: dict[str, Method] = dict(METHODS)  # this run's, with --cost and -base variants
     if (min(args.concurrency) < 1 or args.max_tokens < 1 or min(args.temperatures) < 0
@@ -219,6 +226,8 @@ def main() -> None:
             row["runs_tok_s"] = [r["output_tok_s"] for r in same]
             rows.append(row)
     ar = {(r["temperature"], r["concurrency"]): r for r in rows if r["method"] == "ar"}
+    references = [m for m in dict.fromkeys(["llamacpp", *args.paired_against])
+                  if m in args.methods]  # what every other method is paired against too
     for r in rows:
         base = ar.get((r["temperature"], r["concurrency"]))
         if base is not None:
@@ -226,9 +235,10 @@ def main() -> None:
         if base is not None and r["method"] != "ar" and args.repeats > 1:
             r["paired_vs_ar"] = paired_speedup(runs, r["method"], r["temperature"],
                                                r["concurrency"])
-        if "llamacpp" in args.methods and r["method"] not in ("llamacpp",) and args.repeats > 1:
-            r["paired_vs_llamacpp"] = paired_speedup(runs, r["method"], r["temperature"],
-                                                     r["concurrency"], baseline="llamacpp")
+        for ref in references:
+            if r["method"] != ref and args.repeats > 1:
+                r[f"paired_vs_{ref}"] = paired_speedup(runs, r["method"], r["temperature"],
+                                                       r["concurrency"], baseline=ref)
 
     RESULTS.mkdir(exist_ok=True)
     out = {"provenance": prov, "max_tokens": args.max_tokens, "dtype": args.dtype,
@@ -270,13 +280,15 @@ def main() -> None:
                 lines.append(f"{m} vs AR, paired: geometric mean {geo:.3f}x, min "
                              f"{min(p['geomean'] for p in paired):.3f}x; {below} of "
                              f"{len(paired)} points with the whole 90% CI under 0.98x")
-    peer = [r for r in rows if "paired_vs_llamacpp" in r]
-    if peer:
-        lines += ["", "Paired against llama.cpp's server (same points, same runs):", "",
-                  "| temperature | concurrency | method | paired vs llamacpp [90% CI] |",
-                  "|---|---|---|---|"]
-        lines += [f"| {r['temperature']} | {r['concurrency']} | {r['method']} | "
-                  f"{paired_cell(r['paired_vs_llamacpp'])} |" for r in peer]
+    for ref in references:
+        peer = [r for r in rows if f"paired_vs_{ref}" in r]
+        if peer:
+            name = "llama.cpp's server" if ref == "llamacpp" else ref
+            lines += ["", f"Paired against {name} (same points, same runs):", "",
+                      f"| temperature | concurrency | method | paired vs {ref} [90% CI] |",
+                      "|---|---|---|---|"]
+            lines += [f"| {r['temperature']} | {r['concurrency']} | {r['method']} | "
+                      f"{paired_cell(r[f'paired_vs_{ref}'])} |" for r in peer]
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     plot(rows, RESULTS / f"{args.out}.png")
     print("\n".join(lines))

@@ -140,9 +140,10 @@ FLAGS: tuple[Flag, ...] = (
          "sampled requests draft at temperature T * S (sampling.py). Default: the drafter's "
          "config (draft_temperature_scale), else 1."),
     Flag("tree_width", _width, "K",
-         "verify a draft tree of the round's L tokens instead of a chain (tree.py): the head's "
-         "K likeliest tokens per node, best-first by the path's draft probability, beside the "
-         "drafted chain; exact at any temperature. 0 = chains. Default 0."),
+         "let the adaptive policy verify a draft tree instead of the chain where it pays "
+         "(tree.py, policy.tree_len): the head's K likeliest tokens per node, best-first by the "
+         "path's draft probability, beside the drafted chain and prompt lookup's draft; exact "
+         "at any temperature. 0 = chains. Default 0."),
     Flag("draft_vocab", parse_bool, ONOFF,
          "draft over the drafter's reduced vocabulary (draft_vocab.json, or "
          "--speculative-token-map); off = the full vocabulary. Default on."),
