@@ -91,9 +91,11 @@ def counters(url: str) -> dict[str, float]:
         if ((line.startswith("sglang:") and "_total" in line.split(" ")[0])
                 or line.startswith(("domino_cost_scale", "domino_rounds_total"))):
             name = line.split("{")[0].split(" ")[0]
+            value = float(line.rsplit(" ", 1)[1])
             if name == "domino_rounds_total" and 'kind="tree"' in line:
-                name = "domino_tree_rounds"  # the rounds that verified a draft tree
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+                # the rounds that verified a draft tree, counted in the total too
+                out["domino_tree_rounds"] = out.get("domino_tree_rounds", 0.0) + value
+            out[name] = out.get(name, 0.0) + value
     return out
 
 
