@@ -26,15 +26,17 @@ such drafts are right in runs rather than geometrically.
 
 Draft trees (tree.py; --speculative-domino-tree-width K > 0): a round the chain would speculate
 in (L > 1, not a probe or calibration round) may verify a tree of N tokens instead, N among the
-sizes the planner allows. A tree's path is modelled as a chain, one level deeper at a time with
-probability alpha_tree, its own estimate learned from tree rounds only; a tree round costs the
-chain's of its size plus a learned extra (costs.py). `tree_len` compares the two at their
-estimates' upper bounds (Z_PROBE sd: optimism under doubt), picks the N maximising
-E(alpha_tree, N) / tree_cost(bs, N) where that beats the chain's E(alpha, L) / cost(bs, L), and
-only if it beats plain decoding by MARGIN at alpha_tree and the costs' upper bound. The
-estimate not used ages as in a plain round (a tree's down to TREE_AGE_FLOOR judged levels: its
-rounds cost more than a probe), so the one left behind is tried again now and then (its doubt
-grows) and follows the content.
+sizes the planner allows on TREE_GRID. What a tree commits is learned per size, as the mean
+tokens per request-round of that size's tree rounds (`TreeTokens`), not through a per-level
+alpha: a tree's depth is capped by its shape (its kept chain, its branches), so a geometric fit
+over N - 1 levels reads its shallow levels too low, and a chain's alpha, learned at the short L
+the policy verifies, says nothing of them. A size's prior is the chain model's tokens at that
+size times TREE_GAIN, fading as the size's own rounds come in. A tree round costs the chain's
+of its size plus a learned extra (costs.py). `tree_len` picks the N whose tokens per cost, at
+their upper bound (Z_PROBE: optimism under doubt), beat the chain's E(alpha, L) / cost(bs, L)
+at alpha's upper bound, if the tree's mean beats plain decoding by MARGIN at the costs' upper
+bound. The estimate not used ages as in a plain round, so the one left behind is tried again
+now and then (its doubt grows) and follows the content.
 
 Switches (options.py): --speculative-domino-adaptive off verifies the full block every round;
 --speculative-domino-debug-draft-len pins L or cycles a pattern by committed length (tests).
@@ -46,7 +48,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from domino_sglang.spec.costs import (  # noqa: F401  (re-exported: the policy's price list)
     CAL_MIN_GAP,
@@ -70,7 +72,11 @@ AGE_FLOOR = 4.0  # judged drafts plain rounds age the estimate down to (its boun
 Z_PROBE = 1.0  # ... and the upper bound that keeps probes at their base rate
 Z_ALPHA = 0.25  # alpha's lower bound: this many binomial sd under the estimate
 BACKOFF, MAX_LOSSES = 2, 3  # probe spacing x BACKOFF per losing probe, at most MAX_LOSSES times
-TREE_AGE_FLOOR = 16.0  # judged levels a tree's estimate ages down to while the chain is chosen
+TREE_GRID = (6, 8, 12, 16, 24, 32)  # the tree sizes the adaptive policy weighs (and learns)
+TREE_GAIN = 1.1  # a size's prior: the chain model's tokens at that size, times this
+TREE_PRIOR_ROWS = 2.0  # request-rounds behind the prior
+TREE_SPREAD = 1.0  # sd of one request-round's committed tokens (a size's upper bound)
+TREE_AGE_FLOOR = 1.0  # request-rounds a size's estimate ages down to while the chain is chosen
 
 
 COSTS = {
@@ -172,6 +178,39 @@ class AcceptanceStats:
         self.judged = self.decay * self.judged + judged
 
 
+@dataclass
+class TreeTokens:
+    """Committed tokens per request-round of a draft tree, by its size N: forgotten sums over
+    that size's tree rounds, with a prior of TREE_PRIOR_ROWS request-rounds at the caller's
+    `prior` (module docstring, "Draft trees")."""
+
+    decay: float = 0.95  # per tree round of the size
+    sums: dict[int, list[float]] = field(default_factory=dict)  # N -> [tokens, request-rounds]
+
+    def mean(self, size: int, prior: float) -> float:
+        tokens, rows = self.sums.get(size, (0.0, 0.0))
+        return (tokens + TREE_PRIOR_ROWS * prior) / (rows + TREE_PRIOR_ROWS)
+
+    def upper(self, size: int, prior: float, z: float = Z_PROBE) -> float:
+        """The mean + z sd of it, one request-round's tokens spreading TREE_SPREAD."""
+        _, rows = self.sums.get(size, (0.0, 0.0))
+        return self.mean(size, prior) + z * TREE_SPREAD / math.sqrt(rows + TREE_PRIOR_ROWS)
+
+    def update(self, size: int, tokens: int, rows: int) -> None:
+        """A tree round of `size`: `rows` requests committed `tokens` in all."""
+        total, n = self.sums.get(size, (0.0, 0.0))
+        self.sums[size] = [self.decay * total + tokens, self.decay * n + rows]
+
+    def forget(self, decay: float = PLAIN_DECAY, floor: float = TREE_AGE_FLOOR) -> None:
+        """A round that kept the chain: every size's estimate ages (its mean unchanged, its
+        doubt wider, down to `floor` request-rounds)."""
+        for entry in self.sums.values():
+            if entry[1] > floor:
+                keep = max(decay, floor / entry[1])
+                entry[0] *= keep
+                entry[1] *= keep
+
+
 class SpeculationPolicy:
     """Chooses each round's draft length; `enabled=False` always returns the full block.
     `cost` is the prior the learned costs start from (`calibrate=True`, costs.OnlineCosts) or,
@@ -196,7 +235,7 @@ class SpeculationPolicy:
         self.widths: tuple[int, ...] | None = None
         self.losses = 0  # probes in a row after which the policy still decoded plainly
         self._probed = False  # the last draft_len was a probe
-        self.tree_stats = AcceptanceStats()  # a draft tree's per-level acceptance
+        self.trees = TreeTokens()  # draft trees' committed tokens, by size
 
     @classmethod
     def from_config(cls, config, cost: CostModel = DEFAULT_COST) -> SpeculationPolicy:
@@ -319,21 +358,25 @@ class SpeculationPolicy:
             return calibration.tree_cost(bs, size, z)
 
         _, chain_hope = self.stats.bounds(Z_PROBE)
-        _, hope = self.tree_stats.bounds(Z_PROBE)
         best, best_rate = 0, (expected_tokens(chain_hope, chain_len)
                               / self.cost_fn(bs)(bs, chain_len))
         for size in sizes:
             if size > self.longest_len(bs):
                 break
-            rate = expected_tokens(hope, size) / cost(size)
-            if rate > best_rate:
-                best, best_rate = size, rate
-        alpha = self.tree_stats.alpha
-        if best and expected_tokens(alpha, best) / cost(best, Z_COST) > 1.0 + MARGIN:
+            if size in TREE_GRID:
+                rate = self.trees.upper(size, self.tree_prior(size)) / cost(size)
+                if rate > best_rate:
+                    best, best_rate = size, rate
+        if best and (self.trees.mean(best, self.tree_prior(best)) / cost(best, Z_COST)
+                     > 1.0 + MARGIN):
             self.stats.forget(floor=AGE_FLOOR)
             return best
-        self.tree_stats.forget(floor=TREE_AGE_FLOOR)
+        self.trees.forget()
         return 0
+
+    def tree_prior(self, size: int) -> float:
+        """A tree size's prior tokens: the chain model's at that size, times TREE_GAIN."""
+        return TREE_GAIN * expected_tokens(self.stats.alpha, size)
 
     def may_offer_instead(self) -> bool:
         """Whether a round the policy made plain may still verify offered drafts: it chose plain
@@ -396,4 +439,7 @@ class SpeculationPolicy:
             return
         accepted = sum(a1 - 1 for a1 in accept_lens)
         judged = sum(min(a1, draft_len - 1) for a1 in accept_lens)
-        (self.tree_stats if tree else self.stats).update(accepted, judged)
+        if tree:
+            self.trees.update(draft_len, sum(accept_lens), len(accept_lens))
+        else:
+            self.stats.update(accepted, judged)

@@ -326,9 +326,9 @@ def test_offered_rounds_have_their_own_alpha_and_no_draft_cost():
 
 def test_tree_len_follows_the_pinned_length_and_never_replaces_a_probe():
     """policy.tree_len: pinned or off, the chain's own L as a tree where it is a tree size;
-    adaptive, never a plain round, a probe or a calibration round; a tree's acceptance is
-    learned apart from the chain's (TreeGain), and a tree no better than the chain is not
-    chosen."""
+    adaptive, never a plain round, a probe or a calibration round; what a tree commits is
+    learned per size apart from the chain's alpha (TreeTokens): a size whose trees commit much
+    more is chosen, one whose trees commit one token a round is not."""
     sizes = range(6, B + 1)
     pinned = SpeculationPolicy(B)
     pinned.pinned = (8,)
@@ -336,13 +336,18 @@ def test_tree_len_follows_the_pinned_length_and_never_replaces_a_probe():
     assert SpeculationPolicy(B, enabled=False).tree_len(1, B, sizes) == B
     policy = SpeculationPolicy(B, cost=COSTS["cpu-bf16"], calibrate=False)
     assert policy.tree_len(1, 1, sizes) == 0
+    for _ in range(30):  # the chain commits about 2.4 tokens a round at L = 6
+        policy.observe([2, 3], 6)
+    for _ in range(30):  # trees of 8 commit 6
+        policy.observe([6, 6], 8, tree=True)
+    alpha = policy.stats.alpha
     length = policy.draft_len(1)
-    assert length > 1 and policy.tree_len(1, length, sizes) >= 6  # the prior's gain pays
+    assert length > 1 and policy.tree_len(1, length, sizes) == 8
     policy.calibrating = True
     assert policy.tree_len(1, length, sizes) == 0
     policy.calibrating = False
-    alpha = policy.stats.alpha
-    for _ in range(60):  # trees that commit one token a round: delta goes negative
-        policy.observe([1], 8, tree=True)
-    assert policy.stats.alpha == alpha and policy.tree_stats.alpha < 0.1
+    for size in (6, 8, 12, 16):  # trees of every size that commit one token a round
+        for _ in range(60):
+            policy.observe([1], size, tree=True)
+    assert policy.stats.alpha == alpha and policy.trees.mean(8, 0.0) < 1.3
     assert policy.tree_len(1, policy.draft_len(1), sizes) == 0
