@@ -34,9 +34,12 @@ the policy verifies, says nothing of them. A size's prior is the chain model's t
 size times TREE_GAIN, fading as the size's own rounds come in. A tree round costs the chain's
 of its size plus a learned extra (costs.py). `tree_len` picks the N whose tokens per cost, at
 their upper bound (Z_PROBE: optimism under doubt), beat the chain's E(alpha, L) / cost(bs, L)
-at alpha's upper bound, if the tree's mean beats plain decoding by MARGIN at the costs' upper
-bound. The estimate not used ages as in a plain round, so the one left behind is tried again
-now and then (its doubt grows) and follows the content.
+at alpha's upper bound, if those tokens also beat plain decoding by MARGIN at the costs' upper
+bound (a size untried is priced by its prior, from the chain's alpha, which says little of a
+tree where the chain's drafts are sampled and the tree's are the head's likeliest: its doubt
+decides). The estimate not used ages as in a plain round, so the one left behind is tried
+again now and then (its doubt grows) and follows the content; a size whose trees lose is, once
+tried, held at its mean by its rounds until its doubt grows back.
 
 Switches (options.py): --speculative-domino-adaptive off verifies the full block every round;
 --speculative-domino-debug-draft-len pins L or cycles a pattern by committed length (tests).
@@ -367,7 +370,7 @@ class SpeculationPolicy:
                 rate = self.trees.upper(size, self.tree_prior(size)) / cost(size)
                 if rate > best_rate:
                     best, best_rate = size, rate
-        if best and (self.trees.mean(best, self.tree_prior(best)) / cost(best, Z_COST)
+        if best and (self.trees.upper(best, self.tree_prior(best)) / cost(best, Z_COST)
                      > 1.0 + MARGIN):
             self.stats.forget(floor=AGE_FLOOR)
             return best
