@@ -244,18 +244,21 @@ class OnlineCosts:
                 self.plain_at[bucket] = self.rounds
             return
         plain = self.plain_time(bs)
-        if plain is not None and plain > 0.0 and math.isfinite(seconds) and tree:
-            fit = self.fit(bs)
+        if plain is None or plain <= 0.0 or not math.isfinite(seconds):
+            return
+        y = seconds / plain - 1.0
+        if tree:  # what the round cost over the chain fit's prediction, clipped around the
+            fit = self.fit(bs)  # extra's own estimate
             mean, _ = fit.predict(draft_len)
             limit = max(OUTLIER * math.sqrt(fit.sq / fit.sq_n), OUTLIER_FLOOR)
-            known = self.tree_extra(bs)  # clipped around the extra's own estimate
-            extra = known + min(max(seconds / plain - 1.0 - mean - known, -limit), limit)
+            known = self.tree_extra(bs)
+            extra = known + min(max(y - mean - known, -limit), limit)
             total, n = self.trees.get(bucket, (0.0, 0.0))
             self.trees[bucket] = [FORGET * total + extra, FORGET * n + 1.0]
-        elif plain is not None and plain > 0.0 and math.isfinite(seconds):
-            if bucket not in self.fits:
-                self.fits[bucket] = BucketFit(self._prior(bs))
-            self.fits[bucket].add(draft_len, seconds / plain - 1.0, draft_pass)
+            return
+        if bucket not in self.fits:
+            self.fits[bucket] = BucketFit(self._prior(bs))
+        self.fits[bucket].add(draft_len, y, draft_pass)
 
     def needs_plain(self, bs: int) -> bool:
         """Whether a speculating server should time a plain round at this batch size: rounds

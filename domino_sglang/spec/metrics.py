@@ -288,7 +288,7 @@ class DominoMetrics:
         """What record_round reads back, as one int64 device vector (no host sync): the
         per-position accepted counts [L-1], (right, wrong, copy right, copy wrong), for
         each offering proposer of `offered` (name -> the rows [bs] bool it drafted), in order,
-        (rows, their accepted drafts), and a tree round's `tree_path_counts` [4]. The worker
+        (rows, their accepted drafts), and a tree round's `tree_path_counts` [5]. The worker
         reads it back together with the policy's accept lengths (one sync a round)."""
         n = draft_len - 1
         positions = torch.arange(1, n + 1, device=accept_lens.device)

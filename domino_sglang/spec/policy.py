@@ -363,8 +363,9 @@ class SpeculationPolicy:
         _, chain_hope = self.stats.bounds(Z_PROBE)
         best, best_rate = 0, (expected_tokens(chain_hope, chain_len)
                               / self.cost_fn(bs)(bs, chain_len))
+        longest = self.longest_len(bs)
         for size in sizes:
-            if size > self.longest_len(bs):
+            if size > longest:
                 break
             if size in TREE_GRID:
                 rate = self.trees.upper(size, self.tree_prior(size)) / cost(size)
