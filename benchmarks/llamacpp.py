@@ -8,7 +8,11 @@
   - weights: the prepared target (the safetensors checkpoint SGLang serves) converted to a bf16
     GGUF by llama.cpp's convert_hf_to_gguf.py, so both engines run the same numbers in bf16;
   - serving: OpenAI chat completions with the GGUF's own chat template (--jinja), `threads`
-    threads, one slot per concurrent request, /metrics on.
+    threads, one slot per concurrent request, /metrics on;
+  - speculation (SPECS): llama.cpp's `ngram-mod` (prompt / history n-grams) and `draft-dspark`
+    running this project's drafter, exported by `domino-sglang export-llamacpp` (the backbone
+    alone: llama.cpp has no place for the head or the copy gate) and converted by the same
+    converter (`drafter_gguf`), the draft model on the same threads.
 Needs cmake and a C++ compiler; without them (or any step failing) the method is skipped and
 the reason is reported. Benchmark tooling only: nothing here is in the package.
 """
@@ -110,6 +114,56 @@ def gguf(target: Path) -> Path:
     return out
 
 
+def drafter_gguf(drafter: Path, target: Path) -> Path:
+    """The drafter's backbone as a bf16 GGUF llama.cpp's draft-dspark runs (once per drafter
+    checkpoint): `domino-sglang export-llamacpp`, then the converter with the target's vocab."""
+    import hashlib
+
+    from domino_sglang.cli.export_llamacpp import export_llamacpp
+
+    digest = hashlib.sha256()
+    for f in sorted(drafter.glob("*.json")) + sorted(drafter.glob("*.safetensors")):
+        digest.update(f.name.encode() + f.read_bytes())
+    out = HOME / f"{drafter.name}-{digest.hexdigest()[:12]}-dspark-bf16.gguf"
+    if out.is_file():
+        return out
+    folder = out.with_suffix(".hf")
+    if not folder.is_dir():
+        export_llamacpp(drafter, folder, target)
+    src = source_tree()
+    env = {**os.environ, "PYTHONPATH": str(src / "gguf-py")}
+    tmp = out.with_suffix(".partial")
+    with (HOME / "convert.log").open("a") as f:
+        done = subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(folder),
+                               "--target-model-dir", str(target), "--outtype", "bf16",
+                               "--outfile", str(tmp)],
+                              stdout=f, stderr=subprocess.STDOUT, env=env, timeout=1800)
+    if done.returncode != 0:
+        raise Unavailable(f"converting the drafter failed (exit {done.returncode}; "
+                          f"{HOME / 'convert.log'})")
+    tmp.replace(out)
+    return out
+
+
+# llama.cpp's speculative configurations, by benchmark method: its flags, given the drafter's
+# GGUF, the threads and the drafter's block size. Each at llama.cpp's defaults but what a block
+# drafter needs said: draft-dspark by name (without a Markov head llama.cpp would guess
+# draft-dflash, whose slots are one off ours: export_llamacpp's docstring); drafts of llama.cpp's
+# default 3 tokens, or (-block) of the block's B - 1, as a full-block round of ours drafts.
+def _dspark(draft, threads: int, n_max: int | None = None) -> list[str]:
+    more = [] if n_max is None else ["--spec-draft-n-max", str(n_max)]
+    return ["-md", str(draft), "--spec-type", "draft-dspark", "-td", str(threads),
+            "-tbd", str(threads), *more]
+
+
+SPECS = {
+    "llamacpp": lambda draft, threads, block: [],
+    "llamacpp-ngram": lambda draft, threads, block: ["--spec-type", "ngram-mod"],
+    "llamacpp-dspark": lambda draft, threads, block: _dspark(draft, threads),
+    "llamacpp-dspark-block": lambda draft, threads, block: _dspark(draft, threads, block - 1),
+}
+
+
 class LlamaServer:
     def __init__(self, proc: subprocess.Popen, port: int, log: Path):
         self.proc, self.port, self.log = proc, port, log
@@ -120,8 +174,10 @@ class LlamaServer:
 
 
 @contextmanager
-def llama_server(target: Path, threads: int, slots: int, timeout: float = 300.0):
-    """A running llama-server of `target` (bf16) on a loopback port, stopped by its PID."""
+def llama_server(target: Path, threads: int, slots: int, spec: tuple[str, ...] = (),
+                 timeout: float = 300.0):
+    """A running llama-server of `target` (bf16) on a loopback port, stopped by its PID; `spec`:
+    its speculative flags (SPECS)."""
     from domino_sglang.cli.local_server import LOG_DIR, free_port
 
     binary, model = build(), gguf(target)
@@ -130,7 +186,7 @@ def llama_server(target: Path, threads: int, slots: int, timeout: float = 300.0)
     log = LOG_DIR / f"llamacpp-{port}.log"
     cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
            "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(2048 * slots),
-           "--jinja", "--metrics", "--no-webui"]
+           "--jinja", "--metrics", "--no-webui", *spec]
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)

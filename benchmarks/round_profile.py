@@ -17,7 +17,9 @@ this process, with the server's dtype and one thread.
     python benchmarks/round_profile.py --concurrency 1 8
     python benchmarks/round_profile.py --concurrency 1 --draft-len 4 --out round_profile_l4
 (--draft-len: DOMINO's rounds pinned to L, --speculative-domino-debug-draft-len, so its draft
-rounds are profiled however rarely the adaptive policy would draft)
+rounds are profiled however rarely the adaptive policy would draft; --tree-width K adds DOMINO
+with draft trees, `--speculative-domino-tree-width K`, whose stages add the tree's growth, mask,
+acceptance and settling)
 """
 
 from __future__ import annotations
@@ -117,6 +119,9 @@ def main() -> None:
     ap.add_argument("--dtype", default=default_cpu_dtype())
     ap.add_argument("--draft-len", type=int, default=None,
                     help="pin DOMINO's L (default: the served default's adaptive policy)")
+    ap.add_argument("--tree-width", type=int, default=None,
+                    help="also profile DOMINO with draft trees of this width (with --draft-len: "
+                         "every round a tree of L tokens)")
     ap.add_argument("--out", default="round_profile")
     args = ap.parse_args()
     methods = dict(METHODS)
@@ -124,6 +129,11 @@ def main() -> None:
         methods[f"DOMINO, L = {args.draft_len}"] = [
             "--", "--speculative-domino-debug-draft-len", str(args.draft_len)]
         del methods["DOMINO (served default)"]
+    if args.tree_width is not None:
+        pinned = ([] if args.draft_len is None
+                  else ["--speculative-domino-debug-draft-len", str(args.draft_len)])
+        methods[f"DOMINO with trees of width {args.tree_width}"] = [
+            "--", *pinned, "--speculative-domino-tree-width", str(args.tree_width)]
     prov = provenance.collect()
     results: dict = {}
     for method, flags in methods.items():

@@ -83,12 +83,12 @@ def one_request(url: str, prompt: str, max_tokens: int, temperature: float = 0.0
 
 
 def counters(url: str) -> dict[str, float]:
-    """Sum of each `sglang:` counter over its label sets, from /metrics (and DOMINO's gauge
-    `domino_cost_scale`, the adaptive policy's calibrated k; `domino_rounds_total`, tree rounds
-    apart as `domino_tree_rounds`)."""
+    """Sum of each `sglang:` (or llama.cpp's `llamacpp:`) counter over its label sets, from
+    /metrics (and DOMINO's gauge `domino_cost_scale`, the adaptive policy's calibrated k;
+    `domino_rounds_total`, tree rounds apart as `domino_tree_rounds`)."""
     out: dict[str, float] = {}
     for line in requests.get(f"{url}/metrics", timeout=30).text.splitlines():
-        if ((line.startswith("sglang:") and "_total" in line.split(" ")[0])
+        if ((line.startswith(("sglang:", "llamacpp:")) and "_total" in line.split(" ")[0])
                 or line.startswith(("domino_cost_scale", "domino_rounds_total"))):
             name = line.split("{")[0].split(" ")[0]
             value = float(line.rsplit(" ", 1)[1])
@@ -121,6 +121,12 @@ def run_point(url: str, prompts: list[str], concurrency: int, max_tokens: int,
     after = counters(url)
     rounds = after.get("sglang:spec_verify_calls_total", 0) - before.get(
         "sglang:spec_verify_calls_total", 0)
+    drafted = "llamacpp:spec_decode_num_drafts_total"
+    if after.get(drafted, 0) > before.get(drafted, 0):  # llama.cpp: each decode round of a
+        # request commits its accepted drafts + 1, the prefill its first token
+        accepted = after["llamacpp:spec_decode_num_accepted_tokens_total"] - before.get(
+            "llamacpp:spec_decode_num_accepted_tokens_total", 0)
+        rounds = tokens - len(results) - accepted
     return {
         # tau = committed tokens per verify round (bonus included); only for speculative servers.
         # SGLang's convention: output tokens / verify calls, the prefill's first token included

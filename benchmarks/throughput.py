@@ -19,7 +19,8 @@ point: the ratio of the median runs and, with --repeats > 1, the paired estimate
 policy.py pick the draft length.
 `--llamacpp` adds llama.cpp's server (benchmarks/llamacpp.py: built from source, the same target
 as a bf16 GGUF, the same threads) as a CPU peer, measured in the same alternation and paired
-against like AR.
+against like AR; `--llamacpp plain ngram dspark` adds its own speculation too (ngram-mod, and
+draft-dspark running the drafter's exported backbone; tau from its /metrics).
 Output: benchmarks/results/<out>.json, .md (command, machine, revision, date) and .png.
 
     python benchmarks/throughput.py --concurrency 1 2 4 8 16 32 --max-tokens 64
@@ -114,11 +115,16 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1,
                     help="unrecorded runs of each method before each point's repeats (the first "
                          "run of a prompt set prefills it cold; later ones hit the prefix cache)")
-    ap.add_argument("--llamacpp", action="store_true",
-                    help="add llama.cpp's server as method llamacpp: built from source, the same "
-                         "target as a bf16 GGUF, the same threads (benchmarks/llamacpp.py); "
-                         "every other method is also paired against it; skipped, with the "
-                         "reason reported, when it cannot be built here")
+    ap.add_argument("--llamacpp", nargs="*", default=None,
+                    choices=["plain", "ngram", "dspark", "dspark-block"],
+                    help="add llama.cpp's server: built from source, the same target as a bf16 "
+                         "GGUF, the same threads (benchmarks/llamacpp.py), as methods llamacpp "
+                         "(plain decoding; alone without a value), llamacpp-ngram (its "
+                         "ngram-mod speculation), llamacpp-dspark (its draft-dspark running "
+                         "the drafter's backbone, exported; dspark-block: drafts of the block's "
+                         "B - 1 tokens); every other method is also paired "
+                         "against llamacpp; skipped, with the reason reported, when it cannot "
+                         "be built here")
     ap.add_argument("--paired-against", nargs="+", default=[], metavar="M",
                     help="also pair every other method against these methods of the run (e.g. "
                          "a draft tree against the chain of its size), as against llama.cpp")
@@ -175,24 +181,34 @@ def main() -> None:
     peer_note = ""
     with ExitStack() as stack:
         servers = {}
-        if args.llamacpp:
+        if args.llamacpp is not None:
             import llamacpp
 
+            from domino_sglang.model.config import load_draft_config
             from domino_sglang.paths import target_dir
 
+            peers = [m if m == "plain" else f"llamacpp-{m}" for m in args.llamacpp or ["plain"]]
+            peers = ["llamacpp" if m == "plain" else m for m in dict.fromkeys(peers)]
             try:
-                servers["llamacpp"] = stack.enter_context(llamacpp.llama_server(
-                    target_dir(), args.threads, slots=max(args.concurrency)))
-                one_request(servers["llamacpp"].url, "Hello!", 8)  # warm-up
-                args.methods = [*args.methods, "llamacpp"]
+                draft = (llamacpp.drafter_gguf(Path(drafter), target_dir())
+                         if any(m.startswith("llamacpp-dspark") for m in peers) else None)
+                block = load_draft_config(drafter).block_size
+                for m in peers:
+                    servers[m] = stack.enter_context(llamacpp.llama_server(
+                        target_dir(), args.threads, slots=max(args.concurrency),
+                        spec=tuple(llamacpp.SPECS[m](draft, args.threads, block))))
+                    one_request(servers[m].url, "Hello!", 8)  # warm-up
+                args.methods = [*args.methods, *peers]
                 peer_note = (f"- llamacpp: llama.cpp's llama-server ({llamacpp.PACKAGE} "
                              f"source, GGML_NATIVE=OFF), the target as a bf16 GGUF, "
-                             f"{args.threads} thread(s)\n")
+                             f"{args.threads} thread(s); " + "; ".join(
+                                 f"{m}: `{' '.join(llamacpp.SPECS[m]('D', args.threads, block))}`"
+                                 for m in peers if m != "llamacpp") + "\n")
             except llamacpp.Unavailable as exc:
                 peer_note = f"- llamacpp: skipped, {exc}\n"
                 print(f"llamacpp: skipped: {exc}", flush=True)
         for m in args.methods:  # started one at a time: start-up is CPU-heavy
-            if m == "llamacpp":
+            if m.startswith("llamacpp"):
                 continue
             serve, sglang = methods[m].server_args(
                 base_drafter if m.endswith("-base") else drafter, args.dtype)

@@ -161,11 +161,13 @@ def _patch(name: str, module) -> None:
     if name == "domino_sglang.integration.worker":
         W = module.DominoWorker
         for meth, label in (("open_chain", "open chain"), ("accept", "accept"),
-                            ("commit", "commit"), ("write_draft_context", "draft context")):
+                            ("commit", "commit"), ("write_draft_context", "draft context"),
+                            ("settle_tree", "settle tree")):
             setattr(W, meth, stage(label, getattr(W, meth)))
         for fn, label in (("verify_forward", "verify forward"),  # target.py's, as imported
                           ("decode_forward", "verify forward"),
-                          ("target_logits", "logits processing")):
+                          ("target_logits", "logits processing"),
+                          ("target_choices", "tree accept"), ("follow", "tree accept")):
             setattr(module, fn, stage(label, getattr(module, fn)))
         W.decode_round = round_wrapper(W.decode_round, Domino)
         W.prefill = after_prefill(W.prefill)
@@ -182,6 +184,10 @@ def _patch(name: str, module) -> None:
         D.static_rollout = stage("head rollout", D.static_rollout)
         domino.greedy_rollout = stage("head rollout", domino.greedy_rollout)
         domino.sampled_rollout = stage("head rollout", domino.sampled_rollout)
+        domino.grow_tree = stage("grow tree", domino.grow_tree)
+        from domino_sglang.spec import tree
+
+        tree.DraftTree.custom_mask = stage("tree mask", tree.DraftTree.custom_mask)
         for meth in ("history", "for_round"):
             setattr(pointer.CopyPaths, meth, stage("copy index", getattr(pointer.CopyPaths, meth)))
     elif name == "sglang.srt.managers.tp_worker" and os.environ.get("DOMINO_PROFILE_PLAIN"):

@@ -1,6 +1,7 @@
 """The `domino-sglang` command: one module a subcommand, wired to argparse here.
 
-Subcommands: prepare_target, init_drafter, regenerate, data_snapshot, draft_vocab, train, serve;
+Subcommands: prepare_target, init_drafter, regenerate, data_snapshot, draft_vocab, train, serve,
+export_llamacpp;
 `main` is the console script. Importing this package imports no SGLang and no torch: each
 subcommand imports what it needs when it runs. local_server.py (local servers started and
 stopped by PID: `regenerate`, the tests, the benchmarks) is imported by subcommands only.
@@ -14,6 +15,7 @@ import sys
 from domino_sglang.cli import (
     data_snapshot,
     draft_vocab,
+    export_llamacpp,
     init_drafter,
     prepare_target,
     regenerate,
@@ -22,7 +24,8 @@ from domino_sglang.cli import (
 )
 
 # in the order `domino-sglang --help` lists them
-SUBCOMMANDS = (prepare_target, init_drafter, regenerate, data_snapshot, draft_vocab, train, serve)
+SUBCOMMANDS = (prepare_target, init_drafter, regenerate, data_snapshot, draft_vocab, train, serve,
+               export_llamacpp)
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -57,4 +60,6 @@ def main(argv: list[str] | None = None) -> int:
         return train.cmd_train(args)
     if args.command == "draft-vocab":
         return draft_vocab.cmd_draft_vocab(args)
+    if args.command == "export-llamacpp":
+        return export_llamacpp.cmd_export_llamacpp(args)
     return 2
