@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -180,7 +181,7 @@ def main() -> None:
     rows = []
     peer_note = ""
     with ExitStack() as stack:
-        servers = {}
+        servers, fresh = {}, {}
         if args.llamacpp is not None:
             import llamacpp
 
@@ -194,9 +195,13 @@ def main() -> None:
                          if any(m.startswith("llamacpp-dspark") for m in peers) else None)
                 block = load_draft_config(drafter).block_size
                 for m in peers:
-                    servers[m] = stack.enter_context(llamacpp.llama_server(
-                        target_dir(), args.threads, slots=max(args.concurrency),
-                        spec=tuple(llamacpp.SPECS[m](draft, args.threads, block))))
+                    start = partial(llamacpp.llama_server, target_dir(), args.threads,
+                                    slots=max(args.concurrency),
+                                    spec=tuple(llamacpp.SPECS[m](draft, args.threads, block)))
+                    if m in llamacpp.FRESH:  # a new server for every run (llamacpp.FRESH)
+                        fresh[m] = start
+                        continue
+                    servers[m] = stack.enter_context(start())
                     one_request(servers[m].url, "Hello!", 8)  # warm-up
                 args.methods = [*args.methods, *peers]
                 peer_note = (f"- llamacpp: llama.cpp's llama-server ({llamacpp.PACKAGE} "
@@ -225,8 +230,13 @@ def main() -> None:
             order = args.methods if i % 2 == 0 else args.methods[::-1]
             for m in order:
                 time.sleep(args.settle)
-                point = run_point(servers[m].url, mixed_prompts(max(args.min_requests, 2 * c)),
-                                  c, args.max_tokens, t, sampling if t > 0 else None)
+                with ExitStack() as run:
+                    if m in fresh:
+                        servers[m] = run.enter_context(fresh[m]())
+                        one_request(servers[m].url, "Hello!", 8)  # warm-up
+                    point = run_point(servers[m].url,
+                                      mixed_prompts(max(args.min_requests, 2 * c)), c,
+                                      args.max_tokens, t, sampling if t > 0 else None)
                 point.pop("texts")
                 point.update(method=m, temperature=t, repeat=i)  # runs of one i are paired
                 if warmup:
