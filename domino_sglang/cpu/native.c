@@ -531,3 +531,47 @@ void domino_gru_step(int64_t bs, int64_t H, int64_t G, const uint16_t *embed,
         }
     }
 }
+
+/* One depth of a draft tree's growth (tree.py grow_tree) over a candidate pool: row r = b * K + k
+   (request b, frontier node k) has GRU state s [r, G]; its logits over request b's C pool
+   columns are base [b, C] (rows base_stride apart) + pool_w2 [b, C, E] . silu(W1 [z_b ; s_r])
+   (z rows z_stride apart, w1 [E, H + G]); out [r, W] gets its W largest log-softmax values,
+   largest first (equal ones: the lower column first), and col [r, W] their columns.
+   scratch: C + E floats. */
+void domino_tree_expand(int64_t bs, int64_t K, int64_t H, int64_t G, int64_t E, int64_t C,
+                        int64_t W, const float *z, int64_t z_stride, const float *s,
+                        const float *base, int64_t base_stride, const float *w1,
+                        const float *pool_w2, float *out, int64_t *col, float *scratch) {
+    float *logits = scratch, *hidden = scratch + C;
+    for (int64_t r = 0; r < bs * K; r++) {
+        int64_t b = r / K;
+        const float *zb = z + b * z_stride, *sr = s + r * G;
+        for (int64_t e = 0; e < E; e++) {
+            const float *row = w1 + e * (H + G);
+            float h = dot_f32(row, zb, H) + dot_f32(row + H, sr, G);
+            hidden[e] = h * sigmoid_f(h); /* SiLU */
+        }
+        const float *w2 = pool_w2 + b * C * E, *bb = base + b * base_stride;
+        float top = -INFINITY;
+        for (int64_t c = 0; c < C; c++) {
+            logits[c] = bb[c] + dot_f32(w2 + c * E, hidden, E);
+            top = logits[c] > top ? logits[c] : top;
+        }
+        __m512 sum = _mm512_setzero_ps(), shift = _mm512_set1_ps(top);
+        int64_t c = 0;
+        for (; c + 16 <= C; c += 16)
+            sum = _mm512_add_ps(sum, exp_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + c), shift)));
+        float total = _mm512_reduce_add_ps(sum);
+        for (; c < C; c++) total += expf(logits[c] - top);
+        float lse = top + logf(total);
+        for (int64_t j = 0; j < W; j++) { /* the first maximal column not taken (taken: NaN) */
+            int64_t best = -1;
+            for (int64_t c2 = 0; c2 < C; c2++)
+                if (logits[c2] == logits[c2] && (best < 0 || logits[c2] > logits[best])) best = c2;
+            if (best < 0) best = 0;
+            out[r * W + j] = logits[best] - lse;
+            col[r * W + j] = best;
+            logits[best] = NAN;
+        }
+    }
+}

@@ -290,6 +290,36 @@ class NativeHead:
             0 if match_logit is None else match_logit.shape[0] - 1, nxt.data_ptr(),
             won.data_ptr(), scratch.data_ptr())
 
+    def expand(self, z: torch.Tensor, s: torch.Tensor, base: torch.Tensor, pool_w2: torch.Tensor,
+               width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One depth of a draft tree's growth over a candidate pool (tree.py grow_tree), as
+        log_softmax(head_step(...)).topk(width): z [bs, H] (rows may be strided), the frontier's
+        GRU states s [bs, K, G], base [bs, C] (rows may be strided) and pool_w2 [bs, C, E], all
+        fp32 with contiguous rows; returns (log-probabilities, columns) [bs, K, width]."""
+        bs, k = s.shape[0], s.shape[1]
+        pool_w2 = pool_w2.contiguous()
+        columns = base.shape[-1]
+        if pool_w2.shape != (bs, columns, self.E) or z.shape[-1] != self.H or width > columns:
+            raise ValueError(f"native head: a tree's pool {tuple(pool_w2.shape)}, states "
+                             f"{tuple(z.shape)} or width {width} do not fit")
+        s = s.contiguous()
+        out = torch.empty(bs, k, width, dtype=torch.float32)
+        col = torch.empty(bs, k, width, dtype=torch.int64)
+        scratch = torch.empty(columns + self.E, dtype=torch.float32)
+        _library.domino_tree_expand(bs, k, self.H, self.G, self.E, columns, width, z.data_ptr(),
+                                    z.stride(0), s.data_ptr(), base.data_ptr(), base.stride(0),
+                                    self.w1.data_ptr(), pool_w2.data_ptr(), out.data_ptr(),
+                                    col.data_ptr(), scratch.data_ptr())
+        return out, col
+
+    def gru_rows(self, tokens: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """The GRU's step over tokens [R] from states s [R, G] (fp32), as rollout.gru_step of
+        their embeddings: the new states [R, G]."""
+        s = s.contiguous().clone()
+        scratch = torch.empty(s.shape[0] * (self.H + 6 * self.G), dtype=torch.float32)
+        self._gru(tokens.to(torch.int64).contiguous(), s, scratch)
+        return s
+
     def _gru(self, tokens: torch.Tensor, s: torch.Tensor, scratch: torch.Tensor) -> None:
         _library.domino_gru_step(s.shape[0], self.H, self.G, self.embed.data_ptr(),
                                  tokens.data_ptr(), self.w_ih.data_ptr(), self.w_hh.data_ptr(),
@@ -394,4 +424,8 @@ def _open(path: Path) -> ctypes.CDLL:
     library.domino_gru_step.argtypes = [size, size, size, pointer, pointer, pointer, pointer,
                                         pointer, pointer]
     library.domino_gru_step.restype = None
+    library.domino_tree_expand.argtypes = [size, size, size, size, size, size, size, pointer,
+                                           size, pointer, pointer, size, pointer, pointer,
+                                           pointer, pointer, pointer]
+    library.domino_tree_expand.restype = None
     return library

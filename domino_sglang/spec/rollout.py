@@ -64,10 +64,16 @@ def gru_step(gru: nn.GRU, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 
 class NativeRollout(Protocol):
     """A fused greedy rollout (cpu/native.py NativeHead): the chain [bs, n] of z [bs, >= n, H],
-    bonus [bs], base [bs, n, C], a host copy path or None, a candidate pool or None."""
+    bonus [bs], base [bs, n, C], a host copy path or None, a candidate pool or None; and a draft
+    tree's steps (tree.py): one depth's expansion over a candidate pool, the GRU over rows."""
 
     def rollout(self, z: torch.Tensor, bonus: torch.Tensor, base: torch.Tensor,
                 copy: PointerCopy | None, cand: Candidates | None) -> torch.Tensor: ...
+
+    def expand(self, z: torch.Tensor, s: torch.Tensor, base: torch.Tensor, pool_w2: torch.Tensor,
+               width: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def gru_rows(self, tokens: torch.Tensor, s: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass

@@ -229,10 +229,19 @@ def grow_tree(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, size: int,
     state = gru_step(gru, head.embed(tok).to(gdtype).flatten(0, 1),
                      root_state.repeat_interleave(width, dim=0)).view(bs, width, g)
     zh = z.to(gdtype)
+    # the CPU's native head (fp32, over a candidate pool): each depth one kernel call, not a
+    # chain of small torch ops; its log-probabilities may differ in the last bits (drafts only)
+    native = head.native if cand is not None and gdtype == torch.float32 else None
+    if native is not None:
+        zh, pool_base, pool_w2 = (zh.contiguous(), cand.base.float().contiguous(),
+                                  cand.out_weight.float().contiguous())
     for i in range(1, depth):  # expand the K best nodes of depth i into depth i + 1
-        logits = head_step(head, zh[:, i, None].expand(-1, width, -1), state,
-                           base[:, i, None].to(gdtype), cand, i)  # [bs, K, C]
-        child_score, col = torch.log_softmax(logits.float(), dim=-1).topk(width, dim=-1)
+        if native is not None:
+            child_score, col = native.expand(zh[:, i], state, pool_base[:, i], pool_w2, width)
+        else:
+            logits = head_step(head, zh[:, i, None].expand(-1, width, -1), state,
+                               base[:, i, None].to(gdtype), cand, i)  # [bs, K, C]
+            child_score, col = torch.log_softmax(logits.float(), dim=-1).topk(width, dim=-1)
         child = (head.token_ids(col) if cand is None
                  else cand.ids.gather(1, col.flatten(1)).view(bs, width, width))  # [bs, K, K]
         total = (score[..., None] + child_score).flatten(1)  # [bs, K*K]
@@ -243,8 +252,12 @@ def grow_tree(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, size: int,
             score, best = total.topk(width, dim=-1)  # [bs, K] the next depth's frontier
             tok, h = child.flatten(1).gather(1, best), child_h.gather(1, best)
             parent_state = state.gather(1, (best // width)[..., None].expand(-1, -1, g))
-            state = gru_step(gru, head.embed(tok).to(gdtype).flatten(0, 1),
-                             parent_state.flatten(0, 1)).view(bs, width, g)
+            if native is not None:
+                state = native.gru_rows(tok.flatten(), parent_state.flatten(0, 1))
+            else:
+                state = gru_step(gru, head.embed(tok).to(gdtype).flatten(0, 1),
+                                 parent_state.flatten(0, 1))
+            state = state.view(bs, width, g)
     kept_depth = min((size + 1) // 2 if kept_depth is None else kept_depth, depth)
     paths = []  # [bs, m] per branch: the hashes of its paths d_1, d_1 d_2, ..
     for b, branch in enumerate(branches):  # kept whatever their score, in path order

@@ -397,3 +397,59 @@ def test_the_native_head_at_vector_widths_drafts_as_the_torch_loop(vocab_rows, p
     (got, got_won), (want, want_won) = drafts(fused), drafts(None)
     assert torch.equal(got, want) and torch.equal(got_won, want_won)
     assert 0 < int(want_won.sum()) < want_won.numel()  # the copy wins some, not all
+
+
+@needs_native
+@pytest.mark.parametrize("size", [8, 16])
+def test_the_native_head_grows_the_trees_the_torch_loop_grows(size):
+    """A draft tree's growth over a candidate pool on the native kernels (NativeHead.expand and
+    gru_rows, tree.py) grows the same trees as the torch ops, at widths that fill and overrun the
+    16-lane vectors (hidden 40, GRU 20, head 37, pool 70 of 150 tokens): the same log-probabilities
+    to rounding, the same columns, the same tokens, parents and depths for every request."""
+    from torch import nn
+
+    from domino_sglang.spec.rollout import (
+        HeadInputs,
+        HeadParams,
+        greedy_rollout,
+        gru_step,
+        head_step,
+    )
+    from domino_sglang.spec.tree import grow_tree
+
+    h, g, e, v, pool, bs = 40, 20, 37, 150, 70, 6
+    torch.manual_seed(12)
+    table = (torch.randn(v, h) * 0.5).bfloat16()
+    gru = nn.GRU(h, g, bias=False, batch_first=True)
+    proj = nn.Sequential(nn.Linear(h + g, e, bias=False), nn.SiLU(), nn.Linear(e, v, bias=False))
+    for p in [*gru.parameters(), *proj.parameters()]:
+        nn.init.normal_(p, std=0.7)
+    head = HeadParams(embed=nn.Embedding.from_pretrained(table), lm_head_weight=torch.randn(v, h),
+                      prefix_gru=gru, embed_proj=proj)
+    fused = native.native_head(head)
+    assert fused is not None
+    z, bonus = torch.randn(bs, size, h), torch.randint(0, v, (bs,))
+    with torch.no_grad():
+        inputs = HeadInputs.of(z, head, pool)
+        chain = greedy_rollout(z, bonus, head, pool, inputs=inputs)
+        # one depth: the kernel's expansion against head_step + log_softmax + topk
+        states = torch.randn(bs, 4, g)
+        want = torch.log_softmax(head_step(head, z[:, 2, None].expand(-1, 4, -1), states,
+                                           inputs.base[:, 2, None], inputs.cand, 2), dim=-1)
+        want_score, want_col = want.topk(4, dim=-1)
+        got_score, got_col = fused.expand(z[:, 2].contiguous(), states,
+                                          inputs.cand.base[:, 2].contiguous(),
+                                          inputs.cand.out_weight.float(), 4)
+        torch.testing.assert_close(got_score, want_score, atol=1e-4, rtol=1e-5)
+        assert torch.equal(got_col, want_col)
+        tokens = torch.randint(0, v, (bs * 4,))
+        torch.testing.assert_close(
+            fused.gru_rows(tokens, states.flatten(0, 1)),
+            gru_step(gru, head.embed(tokens).float(), states.flatten(0, 1)),
+            atol=1e-5, rtol=1e-5)
+        trees = []
+        for head_native in (fused, None):
+            head.native = head_native
+            trees.append(grow_tree(z, bonus, head, size, 4, branches=(chain,), inputs=inputs))
+    for name in ("tokens", "parents", "depths", "branch"):
+        assert torch.equal(getattr(trees[0], name), getattr(trees[1], name)), name
