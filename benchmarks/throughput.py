@@ -48,6 +48,12 @@ from domino_sglang.cli.local_server import start_server, stop_servers_on_sigterm
 from domino_sglang.cpu.dtype import default_cpu_dtype  # noqa: E402
 
 
+def warmed(server):
+    """The server after one short request (its first request's one-off costs, not measured)."""
+    one_request(server.url, "Hello!", 8)
+    return server
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -188,8 +194,8 @@ def main() -> None:
             from domino_sglang.model.config import load_draft_config
             from domino_sglang.paths import target_dir
 
-            peers = [m if m == "plain" else f"llamacpp-{m}" for m in args.llamacpp or ["plain"]]
-            peers = ["llamacpp" if m == "plain" else m for m in dict.fromkeys(peers)]
+            peers = list(dict.fromkeys("llamacpp" if m == "plain" else f"llamacpp-{m}"
+                                       for m in args.llamacpp or ["plain"]))
             try:
                 draft = (llamacpp.drafter_gguf(Path(drafter), target_dir())
                          if any(m.startswith("llamacpp-dspark") for m in peers) else None)
@@ -201,8 +207,7 @@ def main() -> None:
                     if m in llamacpp.FRESH:  # a new server for every run (llamacpp.FRESH)
                         fresh[m] = start
                         continue
-                    servers[m] = stack.enter_context(start())
-                    one_request(servers[m].url, "Hello!", 8)  # warm-up
+                    servers[m] = warmed(stack.enter_context(start()))
                 args.methods = [*args.methods, *peers]
                 peer_note = (f"- llamacpp: llama.cpp's llama-server ({llamacpp.PACKAGE} "
                              f"source, GGML_NATIVE=OFF), the target as a bf16 GGUF, "
@@ -217,9 +222,8 @@ def main() -> None:
                 continue
             serve, sglang = methods[m].server_args(
                 base_drafter if m.endswith("-base") else drafter, args.dtype)
-            servers[m] = stack.enter_context(start_server(
-                f"tput-{m}", serve, sglang, threads=args.threads, env=dict(methods[m].env)))
-            one_request(servers[m].url, "Hello!", 8)  # warm-up
+            servers[m] = warmed(stack.enter_context(start_server(
+                f"tput-{m}", serve, sglang, threads=args.threads, env=dict(methods[m].env))))
         points = [(t, c) for t in args.temperatures for c in args.concurrency]
         sampling = {k: v for k, v in (("top_k", args.top_k), ("top_p", args.top_p))
                     if v is not None}
@@ -232,8 +236,7 @@ def main() -> None:
                 time.sleep(args.settle)
                 with ExitStack() as run:
                     if m in fresh:
-                        servers[m] = run.enter_context(fresh[m]())
-                        one_request(servers[m].url, "Hello!", 8)  # warm-up
+                        servers[m] = warmed(run.enter_context(fresh[m]()))
                     point = run_point(servers[m].url,
                                       mixed_prompts(max(args.min_requests, 2 * c)), c,
                                       args.max_tokens, t, sampling if t > 0 else None)
