@@ -4,6 +4,7 @@ servers, a two-sample chi-square test of homogeneity on the first token and on t
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,7 +16,8 @@ TOKENS = 4
 TEMPERATURE = 0.8
 # 2 servers compared x 2 modes x 2 statistics at a family-wise 1%, Bonferroni
 ALPHA = 0.01 / 8
-MIN_CELL = 10  # outcomes seen fewer times (both servers together) are pooled into one cell
+MIN_CELL = 10  # outcomes seen fewer times (both servers together) are pooled
+POOLS = 4  # rare outcomes fall into this many pools, by a fixed hash of the outcome
 
 
 def draw(url: str, ids: list[int], seeded: bool, top_k: int | None = None
@@ -37,18 +39,27 @@ def draw(url: str, ids: list[int], seeded: bool, top_k: int | None = None
         return list(pool.map(one, range(SAMPLES)))
 
 
+def _pooled(a: list, b: list, pool) -> tuple[list, list]:
+    """a and b with each outcome seen fewer than MIN_CELL times (a and b together) replaced by
+    pool(outcome)."""
+    seen = Counter(a) + Counter(b)
+    def cell(k):
+        return k if seen[k] >= MIN_CELL else pool(k)
+    return [cell(k) for k in a], [cell(k) for k in b]
+
+
 def homogeneity(a: list, b: list) -> tuple[float, int]:
     """Two-sample chi-square test of homogeneity over the outcomes of a and b: (p-value, cells).
-    Outcomes seen fewer than MIN_CELL times in both samples together are pooled into one cell."""
+    Rare outcomes are pooled into POOLS cells by a fixed hash, pools still rare into one cell:
+    a fixed map of the outcomes keeps the two distributions equal when they are, and a spread
+    distribution (token pairs at T 0.8) still gives several cells instead of one common pair and
+    the rest."""
+    a, b = _pooled(a, b, lambda k: ("pool", zlib.crc32(repr(k).encode()) % POOLS))
+    a, b = _pooled(a, b, lambda k: ("rest",))
     ca, cb = Counter(a), Counter(b)
-    common = [k for k in ca.keys() | cb.keys() if ca[k] + cb[k] >= MIN_CELL]
-    rest_a = len(a) - sum(ca[k] for k in common)
-    rest_b = len(b) - sum(cb[k] for k in common)
-    table = [[ca[k] for k in common], [cb[k] for k in common]]
-    if rest_a + rest_b:
-        table[0].append(rest_a)
-        table[1].append(rest_b)
-    return float(chi2_contingency(table)[1]), len(table[0])
+    cells = sorted(ca.keys() | cb.keys(), key=repr)
+    table = [[ca[k] for k in cells], [cb[k] for k in cells]]
+    return float(chi2_contingency(table)[1]), len(cells)
 
 
 def statistics(a: list[tuple[int, ...]], b: list[tuple[int, ...]]) -> dict[str, tuple]:
