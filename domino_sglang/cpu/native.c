@@ -1,6 +1,7 @@
 /* The CPU runtime's native bf16 kernels (built by native.py): the linears of a few input rows,
    the residual add with RMS norm, the rotary embedding, SiLU-and-mul, attention over the KV
-   pool's slots, and the head's greedy rollout positions (fp32), each one pass over its data.
+   pool's slots, the head's greedy rollout positions and a draft tree's growth (fp32), each one
+   pass over its data.
 
    Linears. A decode step or a short verify multiplies a handful of rows by every weight of the
    model once, so its linears are bound by how fast the weights stream from memory. The weight is
@@ -268,7 +269,9 @@ static inline __m512 sum16(const __m512 v[16]) {
    reading KV head h / (hq / hkv): out [n, hq, dv] = softmax(scaling * q k^T) v in fp32, rounded
    once to bf16. Which keys query i sees: mask [n, keys] (nonzero = may attend) where given,
    else the causal rule (key j for j <= keys - n + i) where `causal`, else all. A query that sees
-   no key gets zeros. Each (query, KV head) is computed on its own, in one order. */
+   no key gets zeros. Each (query, KV head) is computed on its own, in one order, over the keys
+   it sees as one list: a tree node's query (mask) sums over the prefix and its ancestors in the
+   lanes a plain step's query over the same keys uses, so it gets the plain step's bits. */
 void domino_attend(const uint16_t *q, int64_t n, int64_t hq, int64_t d, const uint16_t *k_cache,
                    const uint16_t *v_cache, int64_t hkv, int64_t dv, const int64_t *locs,
                    int64_t keys, const uint8_t *mask, int causal, float scaling, uint16_t *out) {
@@ -278,7 +281,15 @@ void domino_attend(const uint16_t *q, int64_t n, int64_t hq, int64_t d, const ui
         for (int64_t kh = 0; kh < hkv; kh++) {
             int64_t visible = causal ? keys - n + i + 1 : keys;
             if (visible < 0) visible = 0;
-            const uint8_t *allowed = mask ? mask + i * keys : NULL;
+            const int64_t *seen = locs; /* the slots of the keys query i sees, in order */
+            int64_t *compact = NULL;
+            if (mask) {
+                compact = malloc(sizeof(int64_t) * (size_t)(keys > 0 ? keys : 1));
+                visible = 0;
+                for (int64_t j = 0; j < keys; j++)
+                    if (mask[i * keys + j]) compact[visible++] = locs[j];
+                seen = compact;
+            }
             __m512bh qh[MAX_GROUP][MAX_CHUNKS / 2];
             __m512 acc[MAX_GROUP][MAX_CHUNKS];
             float top[MAX_GROUP], total[MAX_GROUP];
@@ -297,7 +308,7 @@ void domino_attend(const uint16_t *q, int64_t n, int64_t hq, int64_t d, const ui
                 int64_t count = visible - j0 < 16 ? visible - j0 : 16;
                 const uint16_t *rows[16];
                 for (int u = 0; u < 16; u++)  /* past the last key: key j0 again, dropped */
-                    rows[u] = k_cache + (locs[j0 + (u < count ? u : 0)] * hkv + kh) * d;
+                    rows[u] = k_cache + (seen[j0 + (u < count ? u : 0)] * hkv + kh) * d;
                 for (int64_t g = 0; g < group; g++) {
                     __m512 lanes[16];
                     for (int u = 0; u < 16; u++) {
@@ -311,9 +322,8 @@ void domino_attend(const uint16_t *q, int64_t n, int64_t hq, int64_t d, const ui
                     float dots[16];
                     _mm512_storeu_ps(dots, _mm512_mul_ps(sum16(lanes), _mm512_set1_ps(scaling)));
                     for (int64_t u = 0; u < count; u++) {
-                        float sc = (allowed && !allowed[j0 + u]) ? -INFINITY : dots[u];
-                        scores[g * padded + j0 + u] = sc;
-                        if (sc > top[g]) top[g] = sc;
+                        scores[g * padded + j0 + u] = dots[u];
+                        if (dots[u] > top[g]) top[g] = dots[u];
                     }
                 }
             }
@@ -329,7 +339,7 @@ void domino_attend(const uint16_t *q, int64_t n, int64_t hq, int64_t d, const ui
                 total[g] = _mm512_reduce_add_ps(sum);
             }
             for (int64_t j = 0; j < visible; j++) {
-                const uint16_t *vr = v_cache + (locs[j] * hkv + kh) * dv;
+                const uint16_t *vr = v_cache + (seen[j] * hkv + kh) * dv;
                 __m512 vf[MAX_CHUNKS];
                 for (int64_t c = 0; c < vchunks; c++) vf[c] = widen16(vr + 16 * c);
                 for (int64_t g = 0; g < group; g++) {
@@ -347,6 +357,7 @@ void domino_attend(const uint16_t *q, int64_t n, int64_t hq, int64_t d, const ui
                 }
             }
             free(scores);
+            free(compact);
         }
 }
 
@@ -532,46 +543,252 @@ void domino_gru_step(int64_t bs, int64_t H, int64_t G, const uint16_t *embed,
     }
 }
 
-/* One depth of a draft tree's growth (tree.py grow_tree) over a candidate pool: row r = b * K + k
-   (request b, frontier node k) has GRU state s [r, G]; its logits over request b's C pool
-   columns are base [b, C] (rows base_stride apart) + pool_w2 [b, C, E] . silu(W1 [z_b ; s_r])
-   (z rows z_stride apart, w1 [E, H + G]); out [r, W] gets its W largest log-softmax values,
-   largest first (equal ones: the lower column first), and col [r, W] their columns.
+/* One frontier row's expansion in a draft tree's growth: logits over its request's C pool columns, base bb [C] +
+   w2 [C, E] . silu(W1 [zb ; sr]), and their W largest log-softmax values into out [W], largest
+   first (equal ones: the lower column first), their columns into col [W].
    scratch: C + E floats. */
-void domino_tree_expand(int64_t bs, int64_t K, int64_t H, int64_t G, int64_t E, int64_t C,
-                        int64_t W, const float *z, int64_t z_stride, const float *s,
-                        const float *base, int64_t base_stride, const float *w1,
-                        const float *pool_w2, float *out, int64_t *col, float *scratch) {
+static void expand_row(int64_t H, int64_t G, int64_t E, int64_t C, int64_t W, const float *zb,
+                       const float *sr, const float *bb, const float *w1, const float *w2,
+                       float *out, int64_t *col, float *scratch) {
     float *logits = scratch, *hidden = scratch + C;
-    for (int64_t r = 0; r < bs * K; r++) {
-        int64_t b = r / K;
-        const float *zb = z + b * z_stride, *sr = s + r * G;
-        for (int64_t e = 0; e < E; e++) {
-            const float *row = w1 + e * (H + G);
-            float h = dot_f32(row, zb, H) + dot_f32(row + H, sr, G);
-            hidden[e] = h * sigmoid_f(h); /* SiLU */
-        }
-        const float *w2 = pool_w2 + b * C * E, *bb = base + b * base_stride;
-        float top = -INFINITY;
-        for (int64_t c = 0; c < C; c++) {
-            logits[c] = bb[c] + dot_f32(w2 + c * E, hidden, E);
-            top = logits[c] > top ? logits[c] : top;
-        }
-        __m512 sum = _mm512_setzero_ps(), shift = _mm512_set1_ps(top);
-        int64_t c = 0;
-        for (; c + 16 <= C; c += 16)
-            sum = _mm512_add_ps(sum, exp_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + c), shift)));
-        float total = _mm512_reduce_add_ps(sum);
-        for (; c < C; c++) total += expf(logits[c] - top);
-        float lse = top + logf(total);
-        for (int64_t j = 0; j < W; j++) { /* the first maximal column not taken (taken: NaN) */
-            int64_t best = -1;
-            for (int64_t c2 = 0; c2 < C; c2++)
-                if (logits[c2] == logits[c2] && (best < 0 || logits[c2] > logits[best])) best = c2;
-            if (best < 0) best = 0;
-            out[r * W + j] = logits[best] - lse;
-            col[r * W + j] = best;
-            logits[best] = NAN;
+    for (int64_t e = 0; e < E; e++) {
+        const float *row = w1 + e * (H + G);
+        float h = dot_f32(row, zb, H) + dot_f32(row + H, sr, G);
+        hidden[e] = h * sigmoid_f(h); /* SiLU */
+    }
+    float top = -INFINITY;
+    for (int64_t c = 0; c < C; c++) {
+        logits[c] = bb[c] + dot_f32(w2 + c * E, hidden, E);
+        top = logits[c] > top ? logits[c] : top;
+    }
+    __m512 sum = _mm512_setzero_ps(), shift = _mm512_set1_ps(top);
+    int64_t c = 0;
+    for (; c + 16 <= C; c += 16)
+        sum = _mm512_add_ps(sum, exp_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + c), shift)));
+    float total = _mm512_reduce_add_ps(sum);
+    for (; c < C; c++) total += expf(logits[c] - top);
+    float lse = top + logf(total);
+    for (int64_t j = 0; j < W; j++) { /* the first maximal column not taken (taken: NaN) */
+        int64_t best = -1;
+        for (int64_t c2 = 0; c2 < C; c2++)
+            if (logits[c2] == logits[c2] && (best < 0 || logits[c2] > logits[best])) best = c2;
+        if (best < 0) best = 0;
+        out[j] = logits[best] - lse;
+        col[j] = best;
+        logits[best] = NAN;
+    }
+}
+
+/* A draft tree's whole growth below depth 1 and its cut, as tree.py grow_tree's torch steps
+   compute them (the same float32 sums in the same order, the same path hashes and constants
+   as tree.py's _ROOT_HASH, _HASH_MUL, _KEPT, _DEPTH_TIE), per request b:
+
+   depth 1 is given: its K tokens tok1 [bs, K] and log-probabilities score1 [bs, K]; the GRU
+   runs from zero over bonus [bs], then over each depth-1 token. Each depth i = 1 .. D - 1
+   expands the K frontier nodes (expand_row over the pool of position i: pool_base [bs, n, C],
+   pool_w2 [bs, C, E], pool_ids [bs, C]; z [bs, n, H]) into K children each, offered with the
+   path's summed log-probability; the K best of those K * K (the lower index on ties) are the
+   next frontier, their GRU states stepped over their tokens. Then each of nb given branches
+   [nb, bs, m] (-1: the row's branch ended) offers its first `kept` tokens with the kept
+   scores. Offered scores lose DEPTH_TIE per depth. The cut: a path offered twice keeps its
+   best-scored copy (the earlier one on ties); the N - 1 best nodes (the earlier on ties),
+   ordered by depth then offer, follow the root (bonus); a node's parent is the first node
+   whose path hash is its parent's; branch[j] the first given branch whose path (its first
+   tokens up to any depth) is node j's, -1 none and for the root.
+   Out: tokens, parents, depths, branch [bs, N] int64. Returns 0, or -1 where memory ran out. */
+#define TREE_ROOT_HASH 0x5DEECE66DULL
+#define TREE_HASH_MUL 0x100000001B3ULL
+#define TREE_KEPT 1e5
+#define TREE_DEPTH_TIE 1e-4
+
+static inline uint64_t extend_hash(uint64_t h, int64_t token) {
+    return h * TREE_HASH_MUL + (uint64_t)token + 1ULL;
+}
+
+int domino_tree_grow(int64_t bs, int64_t K, int64_t D, int64_t N, int64_t n, int64_t H,
+                     int64_t G, int64_t E, int64_t C, const float *z, const float *pool_base,
+                     const float *pool_w2, const int64_t *pool_ids, const float *w1,
+                     const uint16_t *embed, const float *w_ih, const float *w_hh,
+                     const int64_t *bonus, const float *score1, const int64_t *tok1,
+                     int64_t nb, int64_t m, const int64_t *branches, int64_t kept,
+                     int64_t *tokens, int64_t *parents, int64_t *depths, int64_t *branch) {
+    int64_t offered_kept = kept < m ? kept : m;
+    int64_t M = K + (D - 1) * K * K + nb * offered_kept; /* offers per request */
+    int64_t KK = K * K, rows = bs * K;
+    size_t floats = (size_t)(bs * M + 2 * rows * G + rows * (H + 6 * G) + KK * 2 + C + E + rows);
+    size_t words = (size_t)(4 * bs * M + rows + KK + rows + 2 * M + nb * m + N);
+    float *fbuf = malloc(sizeof(float) * floats);
+    uint64_t *wbuf = malloc(sizeof(uint64_t) * words);
+    char *drop = malloc((size_t)M);
+    if (!fbuf || !wbuf || !drop) {
+        free(fbuf);
+        free(wbuf);
+        free(drop);
+        return -1;
+    }
+    float *score = fbuf;                      /* [bs, M] offered scores */
+    float *state = score + bs * M;            /* [rows, G] the frontier's GRU states */
+    float *next_state = state + rows * G;     /* [rows, G] */
+    float *gru_scratch = next_state + rows * G;
+    float *child_score = gru_scratch + rows * (H + 6 * G); /* [K * K] one request's */
+    float *total = child_score + KK;          /* [K * K] */
+    float *row_scratch = total + KK;          /* C + E */
+    float *front = row_scratch + C + E;       /* [rows] the frontier's path scores */
+    int64_t *token = (int64_t *)wbuf;         /* [bs, M] */
+    uint64_t *hash = wbuf + bs * M;           /* [bs, M] */
+    uint64_t *parent_hash = hash + bs * M;    /* [bs, M] */
+    int64_t *depth_of = (int64_t *)(parent_hash + bs * M); /* [bs, M] */
+    uint64_t *front_hash = (uint64_t *)(depth_of + bs * M); /* [rows] */
+    int64_t *child_col = (int64_t *)(front_hash + rows);    /* [K * K] */
+    int64_t *front_tok = child_col + KK;                    /* [rows] */
+    int64_t *taken = front_tok + rows;                      /* [M] */
+    uint64_t *node_hash = (uint64_t *)(taken + M);          /* [N] */
+    uint64_t *path = node_hash + N;                         /* [nb, m] one request's */
+    int64_t *picked = (int64_t *)(path + nb * m);           /* [M] */
+
+    /* depth 1: offers, and the GRU from zero over bonus, then over each depth-1 token */
+    for (int64_t b = 0; b < bs; b++) {
+        for (int64_t k = 0; k < K; k++) {
+            int64_t j = b * M + k, t = tok1[b * K + k];
+            score[j] = score1[b * K + k] - (float)(TREE_DEPTH_TIE * 1);
+            token[j] = t;
+            hash[j] = extend_hash(TREE_ROOT_HASH, t);
+            parent_hash[j] = TREE_ROOT_HASH;
+            depth_of[j] = 1;
+            front[b * K + k] = score1[b * K + k];
+            front_hash[b * K + k] = hash[j];
+            front_tok[b * K + k] = t;
         }
     }
+    for (int64_t r = 0; r < bs; r++) memset(state + r * G, 0, sizeof(float) * (size_t)G);
+    domino_gru_step(bs, H, G, embed, bonus, w_ih, w_hh, state, gru_scratch);
+    for (int64_t r = rows - 1; r >= 0; r--) /* each request's root state, K times */
+        memmove(state + r * G, state + (r / K) * G, sizeof(float) * (size_t)G);
+    domino_gru_step(rows, H, G, embed, front_tok, w_ih, w_hh, state, gru_scratch);
+
+    for (int64_t i = 1; i < D; i++) { /* expand the frontier of depth i into depth i + 1 */
+        for (int64_t b = 0; b < bs; b++) {
+            const int64_t *ids = pool_ids + b * C;
+            for (int64_t k = 0; k < K; k++) {
+                int64_t r = b * K + k;
+                expand_row(H, G, E, C, K, z + (b * n + i) * H, state + r * G,
+                           pool_base + (b * n + i) * C, w1, pool_w2 + b * C * E,
+                           child_score + k * K, child_col + k * K, row_scratch);
+            }
+            int64_t base_j = b * M + K + (i - 1) * KK;
+            for (int64_t c = 0; c < KK; c++) {
+                int64_t k = c / K, t = ids[child_col[c]], j = base_j + c;
+                total[c] = front[b * K + k] + child_score[c];
+                score[j] = total[c] - (float)(TREE_DEPTH_TIE * (double)(i + 1));
+                token[j] = t;
+                hash[j] = extend_hash(front_hash[b * K + k], t);
+                parent_hash[j] = front_hash[b * K + k];
+                depth_of[j] = i + 1;
+            }
+            if (i + 1 >= D) continue;
+            for (int64_t k = 0; k < K; k++) { /* the K best children, the lower index on ties */
+                int64_t best = -1;
+                for (int64_t c = 0; c < KK; c++)
+                    if (total[c] == total[c] && (best < 0 || total[c] > total[best])) best = c;
+                if (best < 0) best = 0;
+                int64_t r = b * K + k, j = base_j + best;
+                front[r] = total[best];
+                front_hash[r] = hash[j];
+                front_tok[r] = token[j];
+                memcpy(next_state + r * G, state + (b * K + best / K) * G,
+                       sizeof(float) * (size_t)G);
+                total[best] = NAN;
+            }
+        }
+        if (i + 1 < D) {
+            float *swap = state;
+            state = next_state;
+            next_state = swap;
+            domino_gru_step(rows, H, G, embed, front_tok, w_ih, w_hh, state, gru_scratch);
+        }
+    }
+
+    for (int64_t b = 0; b < bs; b++) {
+        float *sc = score + b * M;
+        int64_t *tk = token + b * M, *dp = depth_of + b * M;
+        uint64_t *hs = hash + b * M, *ph = parent_hash + b * M;
+        int64_t j = K + (D - 1) * KK;
+        for (int64_t g = 0; g < nb; g++) { /* the given branches' kept nodes, then paths */
+            const int64_t *br = branches + (g * bs + b) * m;
+            uint64_t h = TREE_ROOT_HASH;
+            for (int64_t k = 0; k < m; k++) {
+                int64_t t = br[k] < 0 ? 0 : br[k];
+                uint64_t nxt = extend_hash(h, t);
+                if (k < kept) {
+                    sc[j] = br[k] >= 0 ? (float)(TREE_KEPT - 16.0 * (double)(k + 1) - (double)g)
+                                       : -INFINITY;
+                    sc[j] -= (float)(TREE_DEPTH_TIE * (double)(k + 1));
+                    tk[j] = t;
+                    hs[j] = nxt;
+                    ph[j] = h;
+                    dp[j] = k + 1;
+                    j++;
+                }
+                path[g * m + k] = br[k] >= 0 ? nxt : TREE_ROOT_HASH;
+                h = nxt;
+            }
+        }
+        for (int64_t a = 0; a < M; a++) { /* a path offered twice: its best copy stays */
+            drop[a] = 0;
+            for (int64_t c = 0; c < M && !drop[a]; c++)
+                if (c != a && hs[c] == hs[a] && (sc[c] > sc[a] || (sc[c] == sc[a] && c < a)))
+                    drop[a] = 1;
+        }
+        for (int64_t a = 0; a < M; a++)
+            if (drop[a]) sc[a] = -INFINITY;
+        for (int64_t a = 0; a < M; a++) taken[a] = 0;
+        int64_t *out_tok = tokens + b * N, *out_par = parents + b * N, *out_dep = depths + b * N;
+        int64_t *out_br = branch + b * N;
+        for (int64_t c = 0; c < N - 1; c++) { /* the N - 1 best, the earlier on ties */
+            int64_t best = -1;
+            for (int64_t a = 0; a < M; a++)
+                if (!taken[a] && (best < 0 || sc[a] > sc[best])) best = a;
+            taken[best] = 1;
+            picked[c] = best;
+        }
+        for (int64_t c = 1; c < N - 1; c++) { /* by depth, then offer: insertion sort */
+            int64_t v = picked[c], d = c - 1;
+            while (d >= 0 && (dp[picked[d]] > dp[v] || (dp[picked[d]] == dp[v] && picked[d] > v))) {
+                picked[d + 1] = picked[d];
+                d--;
+            }
+            picked[d + 1] = v;
+        }
+        out_tok[0] = bonus[b];
+        out_dep[0] = 0;
+        out_par[0] = 0;
+        out_br[0] = -1;
+        node_hash[0] = TREE_ROOT_HASH;
+        for (int64_t c = 0; c < N - 1; c++) {
+            out_tok[c + 1] = tk[picked[c]];
+            out_dep[c + 1] = dp[picked[c]];
+            node_hash[c + 1] = hs[picked[c]];
+        }
+        for (int64_t c = 0; c < N - 1; c++) {
+            int64_t p = 0;
+            for (int64_t q = 0; q < N; q++)
+                if (node_hash[q] == ph[picked[c]]) {
+                    p = q;
+                    break;
+                }
+            out_par[c + 1] = p;
+            int64_t on = -1;
+            for (int64_t g = 0; g < nb && on < 0; g++)
+                for (int64_t k = 0; k < m; k++)
+                    if (path[g * m + k] == node_hash[c + 1]) {
+                        on = g;
+                        break;
+                    }
+            out_br[c + 1] = on;
+        }
+    }
+    free(fbuf);
+    free(wbuf);
+    free(drop);
+    return 0;
 }

@@ -290,35 +290,38 @@ class NativeHead:
             0 if match_logit is None else match_logit.shape[0] - 1, nxt.data_ptr(),
             won.data_ptr(), scratch.data_ptr())
 
-    def expand(self, z: torch.Tensor, s: torch.Tensor, base: torch.Tensor, pool_w2: torch.Tensor,
-               width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One depth of a draft tree's growth over a candidate pool (tree.py grow_tree), as
-        log_softmax(head_step(...)).topk(width): z [bs, H] (rows may be strided), the frontier's
-        GRU states s [bs, K, G], base [bs, C] (rows may be strided) and pool_w2 [bs, C, E], all
-        fp32 with contiguous rows; returns (log-probabilities, columns) [bs, K, width]."""
-        bs, k = s.shape[0], s.shape[1]
-        pool_w2 = pool_w2.contiguous()
-        columns = base.shape[-1]
-        if pool_w2.shape != (bs, columns, self.E) or z.shape[-1] != self.H or width > columns:
+    def grow(self, z: torch.Tensor, bonus: torch.Tensor, cand: Candidates, score1: torch.Tensor,
+             tok1: torch.Tensor, depth: int, size: int, branches: tuple[torch.Tensor, ...],
+             kept: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A draft tree's growth below depth 1 and its cut in one kernel call (tree.py
+        grow_tree; `domino_tree_grow`): z [bs, >= n, H] block states, bonus [bs], the pool
+        (cand: base [bs, n, C], out_weight [bs, C, E], ids [bs, C]), depth 1's log-probabilities
+        score1 [bs, K] and tokens tok1 [bs, K], the given branches ([bs, m_b] each, -1 past
+        their end) and the depth they are kept to; returns tokens, parents, depths, branch
+        [bs, N] int64 (tree.DraftTree's)."""
+        bs, k = tok1.shape
+        n, columns = cand.base.shape[1], cand.base.shape[2]
+        pool_w2 = cand.out_weight.float().contiguous()
+        if (pool_w2.shape != (bs, columns, self.E) or z.shape[-1] != self.H or depth > n
+                or k > columns):
             raise ValueError(f"native head: a tree's pool {tuple(pool_w2.shape)}, states "
-                             f"{tuple(z.shape)} or width {width} do not fit")
-        s = s.contiguous()
-        out = torch.empty(bs, k, width, dtype=torch.float32)
-        col = torch.empty(bs, k, width, dtype=torch.int64)
-        scratch = torch.empty(columns + self.E, dtype=torch.float32)
-        _library.domino_tree_expand(bs, k, self.H, self.G, self.E, columns, width, z.data_ptr(),
-                                    z.stride(0), s.data_ptr(), base.data_ptr(), base.stride(0),
-                                    self.w1.data_ptr(), pool_w2.data_ptr(), out.data_ptr(),
-                                    col.data_ptr(), scratch.data_ptr())
-        return out, col
-
-    def gru_rows(self, tokens: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        """The GRU's step over tokens [R] from states s [R, G] (fp32), as rollout.gru_step of
-        their embeddings: the new states [R, G]."""
-        s = s.contiguous().clone()
-        scratch = torch.empty(s.shape[0] * (self.H + 6 * self.G), dtype=torch.float32)
-        self._gru(tokens.to(torch.int64).contiguous(), s, scratch)
-        return s
+                             f"{tuple(z.shape)}, depth {depth} or width {k} do not fit")
+        m = max((b.shape[1] for b in branches), default=0)
+        given = torch.full((len(branches), bs, m), -1, dtype=torch.int64)  # [nb, bs, m]
+        for j, b in enumerate(branches):
+            given[j, :, :b.shape[1]] = b
+        out = torch.empty(4, bs, size, dtype=torch.int64)  # tokens, parents, depths, branch
+        zf, pool_base = z[:, :n].float().contiguous(), cand.base.float().contiguous()
+        ids, root = cand.ids.to(torch.int64).contiguous(), bonus.to(torch.int64).contiguous()
+        s1, t1 = score1.float().contiguous(), tok1.to(torch.int64).contiguous()
+        if _library.domino_tree_grow(
+                bs, k, depth, size, n, self.H, self.G, self.E, columns, zf.data_ptr(),
+                pool_base.data_ptr(), pool_w2.data_ptr(), ids.data_ptr(), self.w1.data_ptr(),
+                self.embed.data_ptr(), self.w_ih.data_ptr(), self.w_hh.data_ptr(),
+                root.data_ptr(), s1.data_ptr(), t1.data_ptr(), len(branches), m,
+                given.data_ptr(), kept, *(t.data_ptr() for t in out)) != 0:
+            raise MemoryError("native head: a tree's growth could not allocate its scratch")
+        return out[0], out[1], out[2], out[3]
 
     def _gru(self, tokens: torch.Tensor, s: torch.Tensor, scratch: torch.Tensor) -> None:
         _library.domino_gru_step(s.shape[0], self.H, self.G, self.embed.data_ptr(),
@@ -424,8 +427,7 @@ def _open(path: Path) -> ctypes.CDLL:
     library.domino_gru_step.argtypes = [size, size, size, pointer, pointer, pointer, pointer,
                                         pointer, pointer]
     library.domino_gru_step.restype = None
-    library.domino_tree_expand.argtypes = [size, size, size, size, size, size, size, pointer,
-                                           size, pointer, pointer, size, pointer, pointer,
-                                           pointer, pointer, pointer]
-    library.domino_tree_expand.restype = None
+    library.domino_tree_grow.argtypes = [size] * 9 + [pointer] * 11 + [size, size, pointer,
+                                                                         size] + [pointer] * 4
+    library.domino_tree_grow.restype = ctypes.c_int
     return library

@@ -65,15 +65,15 @@ def gru_step(gru: nn.GRU, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 class NativeRollout(Protocol):
     """A fused greedy rollout (cpu/native.py NativeHead): the chain [bs, n] of z [bs, >= n, H],
     bonus [bs], base [bs, n, C], a host copy path or None, a candidate pool or None; and a draft
-    tree's steps (tree.py): one depth's expansion over a candidate pool, the GRU over rows."""
+    tree's growth over a candidate pool below depth 1 (tree.py grow_tree): tokens, parents,
+    depths, branch [bs, N]."""
 
     def rollout(self, z: torch.Tensor, bonus: torch.Tensor, base: torch.Tensor,
                 copy: PointerCopy | None, cand: Candidates | None) -> torch.Tensor: ...
 
-    def expand(self, z: torch.Tensor, s: torch.Tensor, base: torch.Tensor, pool_w2: torch.Tensor,
-               width: int) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def gru_rows(self, tokens: torch.Tensor, s: torch.Tensor) -> torch.Tensor: ...
+    def grow(self, z: torch.Tensor, bonus: torch.Tensor, cand: Candidates, score1: torch.Tensor,
+             tok1: torch.Tensor, depth: int, size: int, branches: tuple[torch.Tensor, ...],
+             kept: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass

@@ -211,6 +211,16 @@ def grow_tree(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, size: int,
                          f"{branch_capacity(width, depth)} nodes, the tree needs {size - 1}")
     gru, gdtype = head.prefix_gru, head.prefix_gru.weight_hh_l0.dtype
     g = gru.hidden_size
+    kept_depth = min((size + 1) // 2 if kept_depth is None else kept_depth, depth)
+    # depth 1: the K likeliest tokens of base_0 (position 0 has no head term)
+    score, col = torch.log_softmax(base[:, 0].float(), dim=-1).topk(width, dim=-1)  # [bs, K]
+    tok = head.token_ids(col)
+    if head.native is not None and cand is not None and gdtype == torch.float32:
+        # the CPU's native head (fp32, over a candidate pool): the steps below in one kernel
+        # call; its log-probabilities may differ in the last bits (drafts only)
+        tokens, parents, depths, on = head.native.grow(z, bonus, cand, score, tok, depth, size,
+                                                       branches, kept_depth)
+        return DraftTree(tokens, parents, depths, depth, branch=on)
     root_state = gru_step(gru, head.embed(bonus).to(gdtype), z.new_zeros(bs, g, dtype=gdtype))
     scores, tokens, hashes, parent_hashes, depths = [], [], [], [], []
 
@@ -221,27 +231,15 @@ def grow_tree(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, size: int,
         parent_hashes.append(parent_h)
         depths.append(torch.full_like(token, d))
 
-    # depth 1: the K likeliest tokens of base_0 (position 0 has no head term)
-    score, col = torch.log_softmax(base[:, 0].float(), dim=-1).topk(width, dim=-1)  # [bs, K]
-    tok = head.token_ids(col)
     h = _extend(torch.full_like(tok, _ROOT_HASH), tok)
     offer(score, tok, h, torch.full_like(tok, _ROOT_HASH), 1)
     state = gru_step(gru, head.embed(tok).to(gdtype).flatten(0, 1),
                      root_state.repeat_interleave(width, dim=0)).view(bs, width, g)
     zh = z.to(gdtype)
-    # the CPU's native head (fp32, over a candidate pool): each depth one kernel call, not a
-    # chain of small torch ops; its log-probabilities may differ in the last bits (drafts only)
-    native = head.native if cand is not None and gdtype == torch.float32 else None
-    if native is not None:
-        zh, pool_base, pool_w2 = (zh.contiguous(), cand.base.float().contiguous(),
-                                  cand.out_weight.float().contiguous())
     for i in range(1, depth):  # expand the K best nodes of depth i into depth i + 1
-        if native is not None:
-            child_score, col = native.expand(zh[:, i], state, pool_base[:, i], pool_w2, width)
-        else:
-            logits = head_step(head, zh[:, i, None].expand(-1, width, -1), state,
-                               base[:, i, None].to(gdtype), cand, i)  # [bs, K, C]
-            child_score, col = torch.log_softmax(logits.float(), dim=-1).topk(width, dim=-1)
+        logits = head_step(head, zh[:, i, None].expand(-1, width, -1), state,
+                           base[:, i, None].to(gdtype), cand, i)  # [bs, K, C]
+        child_score, col = torch.log_softmax(logits.float(), dim=-1).topk(width, dim=-1)
         child = (head.token_ids(col) if cand is None
                  else cand.ids.gather(1, col.flatten(1)).view(bs, width, width))  # [bs, K, K]
         total = (score[..., None] + child_score).flatten(1)  # [bs, K*K]
@@ -252,13 +250,8 @@ def grow_tree(z: torch.Tensor, bonus: torch.Tensor, head: HeadParams, size: int,
             score, best = total.topk(width, dim=-1)  # [bs, K] the next depth's frontier
             tok, h = child.flatten(1).gather(1, best), child_h.gather(1, best)
             parent_state = state.gather(1, (best // width)[..., None].expand(-1, -1, g))
-            if native is not None:
-                state = native.gru_rows(tok.flatten(), parent_state.flatten(0, 1))
-            else:
-                state = gru_step(gru, head.embed(tok).to(gdtype).flatten(0, 1),
-                                 parent_state.flatten(0, 1))
-            state = state.view(bs, width, g)
-    kept_depth = min((size + 1) // 2 if kept_depth is None else kept_depth, depth)
+            state = gru_step(gru, head.embed(tok).to(gdtype).flatten(0, 1),
+                             parent_state.flatten(0, 1)).view(bs, width, g)
     paths = []  # [bs, m] per branch: the hashes of its paths d_1, d_1 d_2, ..
     for b, branch in enumerate(branches):  # kept whatever their score, in path order
         h = torch.full_like(branch[:, 0], _ROOT_HASH)

@@ -224,6 +224,10 @@ def test_attention_rows_are_the_plain_steps_rows():
         v_cache[locs].float().transpose(0, 1), attn_mask=tree, scale=0.125, enable_gqa=True)
     torch.testing.assert_close(masked.float(), want.transpose(0, 1), atol=1e-2, rtol=1e-2)
     assert not torch.equal(masked[3], verify[3]) and torch.equal(masked[:3], verify[:3])
+    for i in range(n):  # the plain step over only the keys the node sees, in order
+        step = torch.empty(1, hq, d, dtype=torch.bfloat16)
+        native.attend(q[i:i + 1], k_cache, v_cache, locs[tree[i]], None, False, 0.125, step)
+        assert torch.equal(step[0], masked[i]), i
 
 
 def _greedy(server, ids: list[int], tokens: int) -> list[int]:
@@ -241,8 +245,12 @@ def test_bf16_domino_is_plain_decoding_token_for_token(ar_server_bf16, chat_ids)
     """With the native kernels every row of a bf16 forward is computed on its own (linears,
     norms, rotary, attention), so DOMINO's verify rows are the plain steps' rows: its greedy
     output equals plain bf16 decoding token for token, one request at a time and four in
-    flight (other batch sizes). Without them 2 of 8 sequences matched (measured by hand)."""
+    flight (other batch sizes). Without them 2 of 8 sequences matched (measured by hand).
+    Then with draft trees every round (width 4, 6 / 8 / 16 tokens): their growth runs on the
+    native head (`domino_tree_grow`) and the output stays plain decoding's, four in flight."""
     from concurrent.futures import ThreadPoolExecutor
+
+    import requests
 
     from tests.harness.servers import start_server
 
@@ -255,6 +263,16 @@ def test_bf16_domino_is_plain_decoding_token_for_token(ar_server_bf16, chat_ids)
             together = list(pool.map(lambda ids: _greedy(s, ids, tokens), prompts))
     assert alone == plain and together == plain
     assert all(len(o) == tokens for o in plain)
+    with start_server("domino-bf16-tree", ["--dtype", "bfloat16", "--max-total-tokens", "16384"],
+                      ["--speculative-domino-tree-width", "4",
+                       "--speculative-domino-debug-draft-len", "6,8,16"]) as s:
+        with ThreadPoolExecutor(4) as pool:
+            trees = list(pool.map(lambda ids: _greedy(s, ids, tokens), prompts))
+        metrics = requests.get(f"{s.url}/metrics", timeout=30).text
+    assert trees == plain
+    tree_rounds = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                      if line.startswith("domino_rounds_total{") and 'kind="tree"' in line)
+    assert tree_rounds > 0
 
 
 @needs_native
@@ -402,19 +420,15 @@ def test_the_native_head_at_vector_widths_drafts_as_the_torch_loop(vocab_rows, p
 @needs_native
 @pytest.mark.parametrize("size", [8, 16])
 def test_the_native_head_grows_the_trees_the_torch_loop_grows(size):
-    """A draft tree's growth over a candidate pool on the native kernels (NativeHead.expand and
-    gru_rows, tree.py) grows the same trees as the torch ops, at widths that fill and overrun the
-    16-lane vectors (hidden 40, GRU 20, head 37, pool 70 of 150 tokens): the same log-probabilities
-    to rounding, the same columns, the same tokens, parents and depths for every request."""
+    """A draft tree's whole growth over a candidate pool in one native call (NativeHead.grow,
+    `domino_tree_grow`) grows the trees the torch steps grow (tree.py), at widths that fill and
+    overrun the 16-lane vectors (hidden 40, GRU 20, head 37, pool 70 of 150 tokens): the same
+    tokens, parents, depths and branches for every request, with two given branches (the
+    chain, and one that ends early in some rows and repeats the chain's first token in others,
+    so that a path is offered twice)."""
     from torch import nn
 
-    from domino_sglang.spec.rollout import (
-        HeadInputs,
-        HeadParams,
-        greedy_rollout,
-        gru_step,
-        head_step,
-    )
+    from domino_sglang.spec.rollout import HeadInputs, HeadParams, greedy_rollout
     from domino_sglang.spec.tree import grow_tree
 
     h, g, e, v, pool, bs = 40, 20, 37, 150, 70, 6
@@ -431,25 +445,15 @@ def test_the_native_head_grows_the_trees_the_torch_loop_grows(size):
     z, bonus = torch.randn(bs, size, h), torch.randint(0, v, (bs,))
     with torch.no_grad():
         inputs = HeadInputs.of(z, head, pool)
-        chain = greedy_rollout(z, bonus, head, pool, inputs=inputs)
-        # one depth: the kernel's expansion against head_step + log_softmax + topk
-        states = torch.randn(bs, 4, g)
-        want = torch.log_softmax(head_step(head, z[:, 2, None].expand(-1, 4, -1), states,
-                                           inputs.base[:, 2, None], inputs.cand, 2), dim=-1)
-        want_score, want_col = want.topk(4, dim=-1)
-        got_score, got_col = fused.expand(z[:, 2].contiguous(), states,
-                                          inputs.cand.base[:, 2].contiguous(),
-                                          inputs.cand.out_weight.float(), 4)
-        torch.testing.assert_close(got_score, want_score, atol=1e-4, rtol=1e-5)
-        assert torch.equal(got_col, want_col)
-        tokens = torch.randint(0, v, (bs * 4,))
-        torch.testing.assert_close(
-            fused.gru_rows(tokens, states.flatten(0, 1)),
-            gru_step(gru, head.embed(tokens).float(), states.flatten(0, 1)),
-            atol=1e-5, rtol=1e-5)
+        chain = greedy_rollout(z, bonus, head, pool, inputs=inputs)  # [bs, size - 1]
+        other = torch.randint(0, v, chain.shape)
+        other[:3, 0] = chain[:3, 0]  # rows 0-2: a path the chain offers too
+        other[3:, 2:] = -1  # rows 3-5: the branch ends after two tokens
         trees = []
         for head_native in (fused, None):
             head.native = head_native
-            trees.append(grow_tree(z, bonus, head, size, 4, branches=(chain,), inputs=inputs))
+            trees.append(grow_tree(z, bonus, head, size, 4, branches=(chain, other),
+                                   inputs=inputs))
+    assert (trees[1].branch == 1).any() and (trees[1].branch == -1).any()
     for name in ("tokens", "parents", "depths", "branch"):
         assert torch.equal(getattr(trees[0], name), getattr(trees[1], name)), name
