@@ -397,6 +397,40 @@ static inline float dot_f32(const float *a, const float *b, int64_t n) {
     return out;
 }
 
+/* out[r * so] = dot_f32(a + r * sa, b + r * sb, n) for r < count (a stride of 0: one vector
+   for all), four at a time: independent accumulators keep the FMA pipeline full where one dot
+   waits on its own sum, each summed in dot_f32's order, so each gets dot_f32's bits */
+static void dots_f32(const float *a, int64_t sa, const float *b, int64_t sb, int64_t n,
+                     int64_t count, float *out, int64_t so) {
+    int64_t r = 0;
+    for (; r + 4 <= count; r += 4) {
+        const float *a0 = a + r * sa, *a1 = a0 + sa, *a2 = a1 + sa, *a3 = a2 + sa;
+        const float *b0 = b + r * sb, *b1 = b0 + sb, *b2 = b1 + sb, *b3 = b2 + sb;
+        __m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps(), c2 = _mm512_setzero_ps(),
+               c3 = _mm512_setzero_ps();
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            c0 = _mm512_fmadd_ps(_mm512_loadu_ps(a0 + i), _mm512_loadu_ps(b0 + i), c0);
+            c1 = _mm512_fmadd_ps(_mm512_loadu_ps(a1 + i), _mm512_loadu_ps(b1 + i), c1);
+            c2 = _mm512_fmadd_ps(_mm512_loadu_ps(a2 + i), _mm512_loadu_ps(b2 + i), c2);
+            c3 = _mm512_fmadd_ps(_mm512_loadu_ps(a3 + i), _mm512_loadu_ps(b3 + i), c3);
+        }
+        float d0 = _mm512_reduce_add_ps(c0), d1 = _mm512_reduce_add_ps(c1),
+              d2 = _mm512_reduce_add_ps(c2), d3 = _mm512_reduce_add_ps(c3);
+        for (; i < n; i++) {
+            d0 += a0[i] * b0[i];
+            d1 += a1[i] * b1[i];
+            d2 += a2[i] * b2[i];
+            d3 += a3[i] * b3[i];
+        }
+        out[r * so] = d0;
+        out[(r + 1) * so] = d1;
+        out[(r + 2) * so] = d2;
+        out[(r + 3) * so] = d3;
+    }
+    for (; r < count; r++) out[r * so] = dot_f32(a + r * sa, b + r * sb, n);
+}
+
 static inline float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* log(sigmoid(x)), stable on both sides */
@@ -440,10 +474,11 @@ void domino_head_pick(int64_t bs, int64_t H, int64_t G, int64_t E, int64_t C, in
             }
         }
         if (pool_w2) { /* a candidate pool: each row's own columns, W2's rows [bs, C, E] */
-            for (int64_t b = 0; b < bs; b++)
-                for (int64_t c = 0; c < C; c++)
-                    logits[b * C + c] = base[b * base_stride + c] +
-                                        dot_f32(pool_w2 + (b * C + c) * E, hidden + b * E, E);
+            for (int64_t b = 0; b < bs; b++) {
+                float *lb = logits + b * C;
+                dots_f32(pool_w2 + b * C * E, E, hidden + b * E, 0, E, C, lb, 1);
+                for (int64_t c = 0; c < C; c++) lb[c] = base[b * base_stride + c] + lb[c];
+            }
         } else {
             for (int64_t c0 = 0; c0 < C; c0 += 64) { /* 64 columns at a time, w2t [E, C] */
                 __mmask16 lanes[4];
@@ -517,7 +552,7 @@ void domino_head_pick(int64_t bs, int64_t H, int64_t G, int64_t E, int64_t C, in
 
 /* The head's GRU over one token per row (rollout.py gru_step, bias-free, gates r, z, n):
    x = embed[tokens[b]] (bf16 table [V, H], widened), s [bs, G] updated in place;
-   w_ih [3G, H], w_hh [3G, G], each row read once for all rows; scratch: bs * (H + 6G) floats. */
+   w_ih [3G, H], w_hh [3G, G]; scratch: bs * (H + 6G) floats. */
 void domino_gru_step(int64_t bs, int64_t H, int64_t G, const uint16_t *embed,
                      const int64_t *tokens, const float *w_ih, const float *w_hh, float *s,
                      float *scratch) {
@@ -526,11 +561,17 @@ void domino_gru_step(int64_t bs, int64_t H, int64_t G, const uint16_t *embed,
         const uint16_t *row = embed + tokens[b] * H;
         for (int64_t j = 0; j < H; j++) x[b * H + j] = widen(row[j]);
     }
-    for (int64_t j = 0; j < 3 * G; j++)
-        for (int64_t b = 0; b < bs; b++) {
-            gi[b * 3 * G + j] = dot_f32(w_ih + j * H, x + b * H, H);
-            gh[b * 3 * G + j] = dot_f32(w_hh + j * G, s + b * G, G);
+    if (bs >= 4) { /* four rows at a time, each weight row read once for all */
+        for (int64_t j = 0; j < 3 * G; j++) {
+            dots_f32(w_ih + j * H, 0, x, H, H, bs, gi + j, 3 * G);
+            dots_f32(w_hh + j * G, 0, s, G, G, bs, gh + j, 3 * G);
         }
+    } else { /* a few rows: four weight rows at a time */
+        for (int64_t b = 0; b < bs; b++) {
+            dots_f32(w_ih, H, x + b * H, 0, H, 3 * G, gi + b * 3 * G, 1);
+            dots_f32(w_hh, G, s + b * G, 0, G, 3 * G, gh + b * 3 * G, 1);
+        }
+    }
     for (int64_t b = 0; b < bs; b++) {
         const float *ib = gi + b * 3 * G, *hb = gh + b * 3 * G;
         float *sb = s + b * G;
@@ -546,19 +587,21 @@ void domino_gru_step(int64_t bs, int64_t H, int64_t G, const uint16_t *embed,
 /* One frontier row's expansion in a draft tree's growth: logits over its request's C pool columns, base bb [C] +
    w2 [C, E] . silu(W1 [zb ; sr]), and their W largest log-softmax values into out [W], largest
    first (equal ones: the lower column first), their columns into col [W].
-   scratch: C + E floats. */
+   scratch: C + 2E floats. */
 static void expand_row(int64_t H, int64_t G, int64_t E, int64_t C, int64_t W, const float *zb,
                        const float *sr, const float *bb, const float *w1, const float *w2,
                        float *out, int64_t *col, float *scratch) {
-    float *logits = scratch, *hidden = scratch + C;
+    float *logits = scratch, *hidden = scratch + C, *from_s = hidden + E;
+    dots_f32(w1, H + G, zb, 0, H, E, hidden, 1);
+    dots_f32(w1 + H, H + G, sr, 0, G, E, from_s, 1);
     for (int64_t e = 0; e < E; e++) {
-        const float *row = w1 + e * (H + G);
-        float h = dot_f32(row, zb, H) + dot_f32(row + H, sr, G);
+        float h = hidden[e] + from_s[e];
         hidden[e] = h * sigmoid_f(h); /* SiLU */
     }
+    dots_f32(w2, E, hidden, 0, E, C, logits, 1);
     float top = -INFINITY;
     for (int64_t c = 0; c < C; c++) {
-        logits[c] = bb[c] + dot_f32(w2 + c * E, hidden, E);
+        logits[c] = bb[c] + logits[c];
         top = logits[c] > top ? logits[c] : top;
     }
     __m512 sum = _mm512_setzero_ps(), shift = _mm512_set1_ps(top);
@@ -615,7 +658,7 @@ int domino_tree_grow(int64_t bs, int64_t K, int64_t D, int64_t N, int64_t n, int
     int64_t offered_kept = kept < m ? kept : m;
     int64_t M = K + (D - 1) * K * K + nb * offered_kept; /* offers per request */
     int64_t KK = K * K, rows = bs * K;
-    size_t floats = (size_t)(bs * M + 2 * rows * G + rows * (H + 6 * G) + KK * 2 + C + E + rows);
+    size_t floats = (size_t)(bs * M + 2 * rows * G + rows * (H + 6 * G) + KK * 2 + C + 2 * E + rows);
     size_t words = (size_t)(4 * bs * M + rows + KK + rows + 2 * M + nb * m + N);
     float *fbuf = malloc(sizeof(float) * floats);
     uint64_t *wbuf = malloc(sizeof(uint64_t) * words);
@@ -632,8 +675,8 @@ int domino_tree_grow(int64_t bs, int64_t K, int64_t D, int64_t N, int64_t n, int
     float *gru_scratch = next_state + rows * G;
     float *child_score = gru_scratch + rows * (H + 6 * G); /* [K * K] one request's */
     float *total = child_score + KK;          /* [K * K] */
-    float *row_scratch = total + KK;          /* C + E */
-    float *front = row_scratch + C + E;       /* [rows] the frontier's path scores */
+    float *row_scratch = total + KK;          /* C + 2E */
+    float *front = row_scratch + C + 2 * E;   /* [rows] the frontier's path scores */
     int64_t *token = (int64_t *)wbuf;         /* [bs, M] */
     uint64_t *hash = wbuf + bs * M;           /* [bs, M] */
     uint64_t *parent_hash = hash + bs * M;    /* [bs, M] */
