@@ -276,20 +276,23 @@ void domino_attend(const uint16_t *q, int64_t n, int64_t hq, int64_t d, const ui
                    const uint16_t *v_cache, int64_t hkv, int64_t dv, const int64_t *locs,
                    int64_t keys, const uint8_t *mask, int causal, float scaling, uint16_t *out) {
     int64_t group = hq / hkv, pairs = d / 32, vchunks = dv / 16;
+    int64_t *compact = NULL, *seen_count = NULL; /* with a mask: each query's keys, in order */
+    if (mask) {
+        compact = malloc(sizeof(int64_t) * (size_t)(n * keys > 0 ? n * keys : 1));
+        seen_count = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+        for (int64_t i = 0; i < n; i++) {
+            seen_count[i] = 0;
+            for (int64_t j = 0; j < keys; j++)
+                if (mask[i * keys + j]) compact[i * keys + seen_count[i]++] = locs[j];
+        }
+    }
 #pragma omp parallel for collapse(2) schedule(static) if (n * hkv >= 8)
     for (int64_t i = 0; i < n; i++)
         for (int64_t kh = 0; kh < hkv; kh++) {
-            int64_t visible = causal ? keys - n + i + 1 : keys;
+            int64_t visible = mask ? seen_count[i] : causal ? keys - n + i + 1 : keys;
             if (visible < 0) visible = 0;
-            const int64_t *seen = locs; /* the slots of the keys query i sees, in order */
-            int64_t *compact = NULL;
-            if (mask) {
-                compact = malloc(sizeof(int64_t) * (size_t)(keys > 0 ? keys : 1));
-                visible = 0;
-                for (int64_t j = 0; j < keys; j++)
-                    if (mask[i * keys + j]) compact[visible++] = locs[j];
-                seen = compact;
-            }
+            /* the slots of the keys query i sees, in order */
+            const int64_t *seen = mask ? compact + i * keys : locs;
             __m512bh qh[MAX_GROUP][MAX_CHUNKS / 2];
             __m512 acc[MAX_GROUP][MAX_CHUNKS];
             float top[MAX_GROUP], total[MAX_GROUP];
@@ -357,8 +360,9 @@ void domino_attend(const uint16_t *q, int64_t n, int64_t hq, int64_t d, const ui
                 }
             }
             free(scores);
-            free(compact);
         }
+    free(compact);
+    free(seen_count);
 }
 
 /* Rotate-half rotary embedding with fp32 tables, as the drafter's apply_rope computes it:
@@ -584,13 +588,27 @@ void domino_gru_step(int64_t bs, int64_t H, int64_t G, const uint16_t *embed,
     }
 }
 
+/* The k largest of v [n] into out [k], largest first (equal ones: the lower index first; NaN
+   never; index 0 where none is left); taken: n bytes of scratch */
+static void top_k_first(const float *v, int64_t n, int64_t k, int64_t *out, uint8_t *taken) {
+    memset(taken, 0, (size_t)n);
+    for (int64_t j = 0; j < k; j++) {
+        int64_t best = -1;
+        for (int64_t c = 0; c < n; c++)
+            if (!taken[c] && v[c] == v[c] && (best < 0 || v[c] > v[best])) best = c;
+        if (best < 0) best = 0;
+        taken[best] = 1;
+        out[j] = best;
+    }
+}
+
 /* One frontier row's expansion in a draft tree's growth: logits over its request's C pool columns, base bb [C] +
    w2 [C, E] . silu(W1 [zb ; sr]), and their W largest log-softmax values into out [W], largest
    first (equal ones: the lower column first), their columns into col [W].
-   scratch: C + 2E floats. */
+   scratch: C + 2E floats; taken: C bytes. */
 static void expand_row(int64_t H, int64_t G, int64_t E, int64_t C, int64_t W, const float *zb,
                        const float *sr, const float *bb, const float *w1, const float *w2,
-                       float *out, int64_t *col, float *scratch) {
+                       float *out, int64_t *col, float *scratch, uint8_t *taken) {
     float *logits = scratch, *hidden = scratch + C, *from_s = hidden + E;
     dots_f32(w1, H + G, zb, 0, H, E, hidden, 1);
     dots_f32(w1 + H, H + G, sr, 0, G, E, from_s, 1);
@@ -611,15 +629,8 @@ static void expand_row(int64_t H, int64_t G, int64_t E, int64_t C, int64_t W, co
     float total = _mm512_reduce_add_ps(sum);
     for (; c < C; c++) total += expf(logits[c] - top);
     float lse = top + logf(total);
-    for (int64_t j = 0; j < W; j++) { /* the first maximal column not taken (taken: NaN) */
-        int64_t best = -1;
-        for (int64_t c2 = 0; c2 < C; c2++)
-            if (logits[c2] == logits[c2] && (best < 0 || logits[c2] > logits[best])) best = c2;
-        if (best < 0) best = 0;
-        out[j] = logits[best] - lse;
-        col[j] = best;
-        logits[best] = NAN;
-    }
+    top_k_first(logits, C, W, col, taken);
+    for (int64_t j = 0; j < W; j++) out[j] = logits[col[j]] - lse;
 }
 
 /* A draft tree's whole growth below depth 1 and its cut, as tree.py grow_tree's torch steps
@@ -659,14 +670,15 @@ int domino_tree_grow(int64_t bs, int64_t K, int64_t D, int64_t N, int64_t n, int
     int64_t M = K + (D - 1) * K * K + nb * offered_kept; /* offers per request */
     int64_t KK = K * K, rows = bs * K;
     size_t floats = (size_t)(bs * M + 2 * rows * G + rows * (H + 6 * G) + KK * 2 + C + 2 * E + rows);
-    size_t words = (size_t)(4 * bs * M + rows + KK + rows + 2 * M + nb * m + N);
+    size_t words = (size_t)(4 * bs * M + rows + KK + rows + K + N + nb * m + N);
+    int64_t flag_count = C > M ? C : M;
     float *fbuf = malloc(sizeof(float) * floats);
     uint64_t *wbuf = malloc(sizeof(uint64_t) * words);
-    char *drop = malloc((size_t)M);
-    if (!fbuf || !wbuf || !drop) {
+    uint8_t *flags = malloc((size_t)(flag_count > KK ? flag_count : KK)); /* scratch flags */
+    if (!fbuf || !wbuf || !flags) {
         free(fbuf);
         free(wbuf);
-        free(drop);
+        free(flags);
         return -1;
     }
     float *score = fbuf;                      /* [bs, M] offered scores */
@@ -684,10 +696,10 @@ int domino_tree_grow(int64_t bs, int64_t K, int64_t D, int64_t N, int64_t n, int
     uint64_t *front_hash = (uint64_t *)(depth_of + bs * M); /* [rows] */
     int64_t *child_col = (int64_t *)(front_hash + rows);    /* [K * K] */
     int64_t *front_tok = child_col + KK;                    /* [rows] */
-    int64_t *taken = front_tok + rows;                      /* [M] */
-    uint64_t *node_hash = (uint64_t *)(taken + M);          /* [N] */
+    int64_t *best = front_tok + rows;                       /* [K] the next frontier */
+    uint64_t *node_hash = (uint64_t *)(best + K);           /* [N] */
     uint64_t *path = node_hash + N;                         /* [nb, m] one request's */
-    int64_t *picked = (int64_t *)(path + nb * m);           /* [M] */
+    int64_t *picked = (int64_t *)(path + nb * m);           /* [N - 1] the cut */
 
     /* depth 1: offers, and the GRU from zero over bonus, then over each depth-1 token */
     for (int64_t b = 0; b < bs; b++) {
@@ -716,7 +728,7 @@ int domino_tree_grow(int64_t bs, int64_t K, int64_t D, int64_t N, int64_t n, int
                 int64_t r = b * K + k;
                 expand_row(H, G, E, C, K, z + (b * n + i) * H, state + r * G,
                            pool_base + (b * n + i) * C, w1, pool_w2 + b * C * E,
-                           child_score + k * K, child_col + k * K, row_scratch);
+                           child_score + k * K, child_col + k * K, row_scratch, flags);
             }
             int64_t base_j = b * M + K + (i - 1) * KK;
             for (int64_t c = 0; c < KK; c++) {
@@ -729,18 +741,14 @@ int domino_tree_grow(int64_t bs, int64_t K, int64_t D, int64_t N, int64_t n, int
                 depth_of[j] = i + 1;
             }
             if (i + 1 >= D) continue;
-            for (int64_t k = 0; k < K; k++) { /* the K best children, the lower index on ties */
-                int64_t best = -1;
-                for (int64_t c = 0; c < KK; c++)
-                    if (total[c] == total[c] && (best < 0 || total[c] > total[best])) best = c;
-                if (best < 0) best = 0;
-                int64_t r = b * K + k, j = base_j + best;
-                front[r] = total[best];
+            top_k_first(total, KK, K, best, flags); /* the K best children */
+            for (int64_t k = 0; k < K; k++) {
+                int64_t r = b * K + k, j = base_j + best[k];
+                front[r] = total[best[k]];
                 front_hash[r] = hash[j];
                 front_tok[r] = token[j];
-                memcpy(next_state + r * G, state + (b * K + best / K) * G,
+                memcpy(next_state + r * G, state + (b * K + best[k] / K) * G,
                        sizeof(float) * (size_t)G);
-                total[best] = NAN;
             }
         }
         if (i + 1 < D) {
@@ -776,6 +784,7 @@ int domino_tree_grow(int64_t bs, int64_t K, int64_t D, int64_t N, int64_t n, int
                 h = nxt;
             }
         }
+        uint8_t *drop = flags;
         for (int64_t a = 0; a < M; a++) { /* a path offered twice: its best copy stays */
             drop[a] = 0;
             for (int64_t c = 0; c < M && !drop[a]; c++)
@@ -784,16 +793,9 @@ int domino_tree_grow(int64_t bs, int64_t K, int64_t D, int64_t N, int64_t n, int
         }
         for (int64_t a = 0; a < M; a++)
             if (drop[a]) sc[a] = -INFINITY;
-        for (int64_t a = 0; a < M; a++) taken[a] = 0;
         int64_t *out_tok = tokens + b * N, *out_par = parents + b * N, *out_dep = depths + b * N;
         int64_t *out_br = branch + b * N;
-        for (int64_t c = 0; c < N - 1; c++) { /* the N - 1 best, the earlier on ties */
-            int64_t best = -1;
-            for (int64_t a = 0; a < M; a++)
-                if (!taken[a] && (best < 0 || sc[a] > sc[best])) best = a;
-            taken[best] = 1;
-            picked[c] = best;
-        }
+        top_k_first(sc, M, N - 1, picked, flags); /* the N - 1 best */
         for (int64_t c = 1; c < N - 1; c++) { /* by depth, then offer: insertion sort */
             int64_t v = picked[c], d = c - 1;
             while (d >= 0 && (dp[picked[d]] > dp[v] || (dp[picked[d]] == dp[v] && picked[d] > v))) {
@@ -832,6 +834,6 @@ int domino_tree_grow(int64_t bs, int64_t K, int64_t D, int64_t N, int64_t n, int
     }
     free(fbuf);
     free(wbuf);
-    free(drop);
+    free(flags);
     return 0;
 }
