@@ -1,9 +1,9 @@
 """Host time per round of the prompt-lookup proposer, before and after its per-request index.
 
-Before (`old_offer` / `old_may_cover`, the proposer's code before LookupIndex, kept here): every
+Before (`old_offer` / `old_may_cover`, the proposer's code before its index, kept here): every
 round rebuilt each request's prompt + output list, scanned it (`has_recurring_suffix`), turned
 the histories with a recurring suffix into tensors and ran the batched `lookup_batch` (12
-compares over [n, T]). After (`PromptLookup`): each request's `LookupIndex` indexes only the
+compares over [n, T]). After (`PromptLookup`): each request's `HistoryIndex` indexes only the
 tokens committed since the last round and answers in O(MAX_MATCH) dict lookups.
 
 The batch: `--requests` requests with a prompt of T tokens each (every `--contexts` T), drafting
@@ -40,11 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import provenance  # noqa: E402
 
-from domino_sglang.spec.proposers.lookup import (  # noqa: E402
-    MIN_MATCH,
-    LookupIndex,
-    PromptLookup,
-)
+from domino_sglang.spec.history import MIN_MATCH, HistoryIndex  # noqa: E402
+from domino_sglang.spec.proposers.lookup import PromptLookup  # noqa: E402
 from tests.harness.lookup_reference import lookup_batch  # noqa: E402  (the rule, whole histories)
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -178,9 +175,9 @@ def index_cost(args, T: int, rng: random.Random, ids: list[int], cum: list[float
     ms = []
     for p in prompts:
         gc.collect()
-        ms.append(timed(lambda p=p: LookupIndex(args.block - 1).sync(p, [p[0]]))[0])
+        ms.append(timed(lambda p=p: HistoryIndex(args.block - 1).sync(p, [p[0]]))[0])
     tracemalloc.start()
-    index = LookupIndex(args.block - 1)
+    index = HistoryIndex(args.block - 1)
     index.sync(prompts[0], [prompts[0][0]])
     size, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()

@@ -33,6 +33,7 @@ from domino_sglang.model.drafter import DominoDrafter  # noqa: E402
 from domino_sglang.model.vocab import load_draft_vocab  # noqa: E402
 from domino_sglang.paths import shipped_drafter_dir, target_dir  # noqa: E402
 from domino_sglang.spec import primitives  # noqa: E402
+from domino_sglang.spec.history import HistoryIndexes  # noqa: E402
 from domino_sglang.spec.pointer import CopyPaths  # noqa: E402
 from domino_sglang.spec.rollout import HeadParams, greedy_rollout  # noqa: E402
 
@@ -86,7 +87,8 @@ def main() -> None:
         times: dict[str, list[float]] = {"native": [], "torch": []}
         chains = {}
         # each variant's copy indexes, built in the warm-up rounds (a request's first round)
-        paths = {name: CopyPaths(gate, "cpu", on_device=False) for name in times}
+        paths = {name: CopyPaths(gate, "cpu", on_device=False,
+                                 histories=HistoryIndexes(length - 1)) for name in times}
         for _ in range(args.repeats + 5):
             for name in ("native", "torch"):
                 head.native = fused if name == "native" else None

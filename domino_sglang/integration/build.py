@@ -49,6 +49,7 @@ from domino_sglang.sglang_compat import (
     tp_verdict_sync,
 )
 from domino_sglang.spec import options, primitives
+from domino_sglang.spec.history import HistoryIndexes
 from domino_sglang.spec.metrics import DominoMetrics
 from domino_sglang.spec.observer import RoundObserver
 from domino_sglang.spec.planner import RoundPlanner
@@ -121,7 +122,9 @@ def build_round(server_args, gpu_id: int, nccl_port: int, target_worker) -> Roun
     head_dtype = torch.float32 if torch.device(device).type == "cpu" else None
     head, base_layout = build_head(drafter, embed, target.lm_head, target_cfg.vocab_size, conf,
                                    opts, shard, device, head_dtype)
-    copy = build_copy(drafter, opts, device, head_dtype)
+    # each running request's history by its n-grams, read by the pointer copy and prompt lookup
+    histories = HistoryIndexes(block_size - 1)
+    copy = build_copy(drafter, opts, device, head_dtype, histories)
     metrics = scheduler_metrics(block_size, device)
     profile, cost = cost_model(torch.device(device).type, str(model_runner.dtype),
                                override=opts.cost, short_draft=opts.short_draft)
@@ -132,7 +135,7 @@ def build_round(server_args, gpu_id: int, nccl_port: int, target_worker) -> Roun
     draft_pass = DraftPass(bundle.draft_model_runner, embed, device, metrics)
     domino = DominoProposer(draft_pass, head, copy, opts, block_size, metrics)
     offering = offering_proposers(ProposerContext(block_size, conf.mask_token_id, device,
-                                                  head.vocab_size, opts))
+                                                  head.vocab_size, opts, histories))
     for name in OFFERING:  # each registered one's series, at 0 where it is off
         metrics.declare_offering(name)
     planner = RoundPlanner(policy, block_size, device, offering,
@@ -209,17 +212,19 @@ def build_head(drafter, embed, lm_head_module, vocab_size: int, conf: DraftConfi
     return head, base_layout
 
 
-def build_copy(drafter, opts, device, head_dtype: torch.dtype | None) -> CopyPaths | None:
+def build_copy(drafter, opts, device, head_dtype: torch.dtype | None,
+               histories: HistoryIndexes) -> CopyPaths | None:
     """A pointer-generator drafter's copy paths (pointer.py): its copy gate, in the head's
     dtype, and each running request's copy index, on the device (copy_index_on_device: CUDA by
-    default) or the host; None without a gate or with the copy off (drafts from p alone)."""
+    default) or the host (`histories`); None without a gate or with the copy off (drafts from
+    p alone)."""
     gate = drafter.copy_gate if opts.copy else None
     if gate is None:
         return None
     gate = gate.to(head_dtype) if head_dtype is not None else gate
     return CopyPaths(gate, device,
                      on_device=copy_index_on_device(device, opts.copy_index)
-                     or bool(opts.gpu_shape))
+                     or bool(opts.gpu_shape), histories=histories)
 
 
 def scheduler_metrics(max_draft_len: int, device) -> DominoMetrics:

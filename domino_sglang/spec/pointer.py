@@ -17,9 +17,10 @@ drafted and, sampled, what is verified (a proper distribution: exact as any othe
 the same CE as p (curriculum.py), p no longer has to spend its mass where the copy is right.
 
 Serving (`CopyPaths`, asked by proposers/domino.py; rollout.py `pointer_pick` /
-`pointer_sample` mix the copy in): each running request keeps a copy index of its history,
-extended by the tokens committed since its last round; at position i the rollout asks it for
-(c_i, n_i) of history + the chain drafted so far (`PointerCopy.gate_at`), so serving sees
+`pointer_sample` mix the copy in): each running request's history index (history.py, the one
+prompt lookup reads too) is extended by the tokens committed since its last round; at position
+i the rollout asks it for (c_i, n_i) of history + the chain drafted so far
+(`PointerCopy.gate_at`), so serving sees
 exactly the candidates training did. Greedy drafts argmax q; sampled requests draw from q and
 verify against it. p(c) is 0 where the served p has no row for c
 (outside the draft vocabulary or the head's candidate pool): the copy can draft any token.
@@ -31,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from domino_sglang.model.config import COPY_MAX_MATCH
+from domino_sglang.spec.history import HistoryIndex, HistoryIndexes
 from domino_sglang.spec.suffix_match import NO_COPY, suffix_matches
 
 
@@ -90,64 +92,13 @@ def copy_wins(log_p_pick: torch.Tensor, log_p_cand: torch.Tensor, cand: torch.Te
     return (cand >= 0) & (torch.logaddexp(log_1mg + log_p_cand, log_g) > log_1mg + log_p_pick)
 
 
-class CopyIndex:
-    """A request's copy candidates at serve time, by copy_table's rule, kept across rounds.
-
-    The committed history h (x_t last) is indexed incrementally: for every n <= max_match, the
-    n-gram ending at each position e <= len(h) - 2 -> the last such e (x_t's own n-grams are
-    not occurrences before x_t). `candidate(chain)` answers for the history h + chain (the
-    drafts d_1..d_i chosen so far this round) without indexing the chain: occurrences ending
-    at x_t or inside the chain are found by a scan of those <= B positions, the rest in the
-    dicts, the longest suffix first and the most recent occurrence of it. So position i of a
-    round gets exactly copy_table(h + chain)[-1], as the drafter was trained.
-    """
-
-    def __init__(self, max_match: int = COPY_MAX_MATCH):
-        self.max_match = max_match
-        self.tokens: list[int] = []
-        self.last: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_match + 1)]
-
-    def sync(self, history: list[int]) -> None:
-        """Index `history` (x_t last): only its new tokens, unless it no longer extends what was
-        indexed (a request restarted), which is indexed afresh."""
-        done = max(len(self.tokens) - 1, 0)  # ends indexed: 0 .. len(tokens) - 2
-        if history[:len(self.tokens)] != self.tokens:
-            self.__init__(self.max_match)
-            done = 0
-        self.tokens = list(history)
-        for e in range(done, len(history) - 1):
-            for n in range(1, min(self.max_match, e + 1) + 1):
-                self.last[n][tuple(history[e - n + 1: e + 1])] = e
-
-    def candidate(self, chain: list[int]) -> tuple[int, int]:
-        """(c, n) of the history + chain S: the token after the most recent occurrence of its
-        longest recurring suffix (n <= max_match tokens); (NO_COPY, 0) if its last token is new.
-
-        An occurrence ending at x_t or in the chain (end e >= len(h) - 1) starts at most
-        max_match - 1 tokens before x_t, so the tail of h and the chain hold it; any earlier
-        one is in the dicts, and is older."""
-        h = self.tokens
-        off = max(len(h) - self.max_match, 0)
-        tail = h[off:] + chain  # tail[k] = S[k + off]
-        t = len(h) + len(chain) - 1  # S's last position
-        for n in range(min(self.max_match, t), 0, -1):
-            key = tail[len(tail) - n:]
-            for e in range(t - 1, len(h) - 2, -1):  # at x_t or in the chain, most recent first
-                if e - n + 1 >= off and tail[e - n + 1 - off: e + 1 - off] == key:
-                    return tail[e + 1 - off], n
-            s = self.last[n].get(tuple(key))  # ends <= len(h) - 2: s + 1 is in h
-            if s is not None:
-                return h[s + 1], n
-        return NO_COPY, 0
-
-
 class PointerCopy:
     """What a round's rollout needs for a pointer drafter's copy path: the gate and, per request,
     the copy index of its history (x_t last) and the chain drafted so far this round."""
 
-    on_host = True  # candidates from host CopyIndexes (`found`)
+    on_host = True  # candidates from host HistoryIndexes (`found`)
 
-    def __init__(self, gate: torch.nn.Linear, indexes: list[CopyIndex], device: torch.device):
+    def __init__(self, gate: torch.nn.Linear, indexes: list[HistoryIndex], device: torch.device):
         self.gate, self.indexes, self.device = gate, indexes, device
         self.chains: list[list[int]] = [[] for _ in indexes]
         self.z_logit: torch.Tensor | None = None  # [bs, n] the gate's z-part, set by start()
@@ -163,8 +114,8 @@ class PointerCopy:
         self.match_logit = (w[0, h:] + self.gate.bias).float()  # [COPY_MAX_MATCH + 1]
 
     def found(self) -> list[tuple[int, int]]:
-        """(c, n) of every request's history + chain so far, host lookups (CopyIndex)."""
-        return [ix.candidate(ch) for ix, ch in zip(self.indexes, self.chains)]
+        """(c, n) of every request's history + chain so far, host lookups (history.py)."""
+        return [ix.copy_candidate(ch) for ix, ch in zip(self.indexes, self.chains)]
 
     def candidates(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(c, n) [bs] of every request's history + chain so far (host lookups)."""
@@ -205,7 +156,8 @@ def device_candidates(seq: torch.Tensor, last: torch.Tensor, max_match: int = CO
         match[b, e] = the longest common suffix (<= max_match) of seq[b, :e+1] and
                       seq[b, :last+1], for e < last; n = max_e match, c = seq[b, e* + 1] at the
                       largest e* with match = n (the most recent occurrence); (NO_COPY, 0) if n = 0
-    The same answer as CopyIndex.candidate (tests); match lengths by copyrule.suffix_matches."""
+    The same answer as HistoryIndex.copy_candidate (tests); match lengths by
+    suffix_match.suffix_matches."""
     t_cap = seq.shape[1]
     match = suffix_matches(seq, last, max_match)  # [bs, T]
     ends = torch.arange(t_cap, device=seq.device)  # e
@@ -220,7 +172,7 @@ class DevicePointerCopy(PointerCopy):
     """PointerCopy with the copy index on the device: each request's history (x_t last) in a
     left-aligned [bs, T + n] buffer whose chain part is written in place as drafts are chosen,
     candidates by `device_candidates`. No host synchronisation and no per-request Python state
-    per position; the same (c, n) as CopyIndex (tests/spec/test_pointer.py)."""
+    per position; the same (c, n) as HistoryIndex (tests/spec/test_pointer.py)."""
 
     on_host = False
 
@@ -245,7 +197,7 @@ class DevicePointerCopy(PointerCopy):
 
 def copy_index_on_device(device: torch.device | str, where: str | None = None) -> bool:
     """Whether the worker keeps copy indexes on the device (DeviceHistories + DevicePointerCopy:
-    no host synchronisation per draft position) or on the host (CopyIndex: dict lookups, the
+    no host synchronisation per draft position) or on the host (HistoryIndex: dict lookups, the
     cheaper choice where host and device are one). `where` = "device" / "host"
     (--speculative-domino-debug-copy-index); by default device on CUDA, host on the CPU."""
     if where is None:
@@ -319,19 +271,20 @@ class DeviceHistories:
 class CopyPaths:
     """A pointer drafter's copy indexes across rounds and each round's copy path over them: on
     the device (`DeviceHistories` + `DevicePointerCopy`: no host synchronisation per draft
-    position) or on the host (a `CopyIndex` per running request: dict lookups), as
-    copy_index_on_device chose. `gate`: the drafter's copy gate."""
+    position) or on the host (each running request's `HistoryIndex`, shared with prompt
+    lookup: dict lookups), as copy_index_on_device chose. `gate`: the drafter's copy gate."""
 
-    def __init__(self, gate: torch.nn.Linear, device: torch.device | str, on_device: bool):
+    def __init__(self, gate: torch.nn.Linear, device: torch.device | str, on_device: bool,
+                 histories: HistoryIndexes):
         self.gate, self.on_device = gate, on_device
         self.histories = DeviceHistories(device) if on_device else None
-        self.indexes: dict[str, CopyIndex] = {}  # request id -> its host index
+        self.indexes = histories  # the host indexes, by request id (history.py)
 
     def history(self, reqs, bonus: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The device index's round input: every request's prompt + output, x_t last (history
         [bs, T], lens [bs]; one host-to-device copy, no synchronisation). A request whose
         recorded output does not end in x_t (it would: rounds run synchronously) copies from
-        x_t and its chain only, as CopyIndex does."""
+        x_t and its chain only, as the host index does."""
         history, lens = self.histories.update(reqs)  # [bs, T], [bs]
         last = history.gather(1, (lens - 1).clamp(min=0)[:, None]).squeeze(1)
         ok = (lens > 0) & (last == bonus)  # else: [x_t] alone
@@ -342,16 +295,18 @@ class CopyPaths:
     def for_round(self, reqs, bonus: torch.Tensor, n: int,
                   history: tuple[torch.Tensor, torch.Tensor] | None = None) -> PointerCopy:
         """The round's copy path over n positions: each request's index brought up to its
-        prompt + output (x_t last; only the new tokens are indexed), the indexes of requests
-        that left the batch dropped. On the device: `history` (the round's, when the caller
-        already took it); on the host: a read of x_t and host lookups per position."""
+        prompt + output (x_t last; only the new tokens are indexed, none where prompt lookup
+        asked this round already), the indexes of requests that left the batch dropped. On the
+        device: `history` (the round's, when the caller already took it); on the host: a read
+        of x_t and host lookups per position."""
         if self.histories is not None:
             return DevicePointerCopy(self.gate, *(history or self.history(reqs, bonus)), n)
+        self.indexes.keep_only(reqs)
         indexes = []
         for req, x_t in zip(reqs, bonus.tolist()):
-            tokens = req.origin_input_ids + req.output_ids
-            index = self.indexes.get(req.rid) or CopyIndex()
-            index.sync(tokens if tokens and tokens[-1] == x_t else [x_t])
+            index = self.indexes.synced(req)
+            if index.last_token != x_t:  # not x_t last: x_t alone
+                index = HistoryIndex(self.indexes.max_tokens)
+                index.sync([x_t], [])
             indexes.append(index)
-        self.indexes = {r.rid: ix for r, ix in zip(reqs, indexes)}
         return PointerCopy(self.gate, indexes, bonus.device)

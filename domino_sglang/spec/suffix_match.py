@@ -9,10 +9,11 @@ appended) and an end position e before h's last token,
 and what followed it is a draft that costs no model pass. The two proposers differ only in
 which occurrence of the longest match they copy from and how much:
   - the pointer-generator drafter (pointer.py) takes one token, after the MOST RECENT occurrence
-    (n >= 1), as it was trained (`pointer.copy_table`, `pointer.CopyIndex` on the host, incremental;
-    `pointer.device_candidates` on the device, from `suffix_matches`);
+    (n >= 1), as it was trained (`pointer.copy_table`; served from `history.HistoryIndex` on
+    the host, incremental, or `pointer.device_candidates` on the device, from
+    `suffix_matches`);
   - prompt lookup (lookup.py) takes up to B-1 tokens, after the last occurrence followed by that
-    many known tokens, else the first (n >= 2; `lookup.LookupIndex` on the host, incremental;
+    many known tokens, else the first (n >= 2; `history.HistoryIndex`, the same index;
     tests/harness/lookup_reference.py's `lookup_batch`, from `suffix_matches`, the batched
     statement it is tested against).
 `suffix_matches` is the one batched implementation of match(e); `copy_candidate` the direct

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from domino_sglang.spec.pointer import CopyIndex, PointerCopy
+from domino_sglang.spec.history import HistoryIndex
+from domino_sglang.spec.pointer import PointerCopy
 from domino_sglang.train.config import TrainConfig
 from domino_sglang.train.curriculum import accuracies, tau_sim
 from domino_sglang.train.features import TargetFeatures
@@ -112,7 +113,7 @@ def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
     f = feats(rec)  # [T, K*H]
     T, B, head = len(ids), module.drafter.conf.block_size, head_params(module)
     a, rounds = rec["start"], 0
-    index = CopyIndex()  # a pointer drafter's, extended round by round as the worker's
+    index = HistoryIndex(B - 1)  # a pointer drafter's, extended round by round as the worker's
     while a < T - 1:
         rounds += 1
         n = (draft_lens[a % len(draft_lens)] if draft_lens else B) - 1  # drafts verified
@@ -131,7 +132,7 @@ def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
         z = torch.cat((z, z[:, -1:]), dim=1)[:, :n + 1]
         copy = None
         if module.drafter.copy_gate is not None:
-            index.sync(rec["ids"][:a + 1])
+            index.sync(rec["ids"][:rec["start"]], rec["ids"][rec["start"]:a + 1])
             copy = PointerCopy(module.drafter.copy_gate, [index], ids.device)
         chain = greedy_rollout(z, ids[a:a + 1], head, DEFAULT_CANDIDATE_POOL, use_head=use_head,
                                copy=copy)
@@ -142,10 +143,8 @@ def replay_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: dict,
 @torch.no_grad()
 def lookup_draft(rec: dict, a: int, n: int) -> list[int]:
     """Prompt lookup's draft (at most n tokens) after the history rec["ids"][:a + 1] (x_a
-    last), by the served rule (lookup.LookupIndex); [] where no suffix recurs."""
-    from domino_sglang.spec.proposers.lookup import LookupIndex
-
-    index = LookupIndex(n)
+    last), by the served rule (history.HistoryIndex); [] where no suffix recurs."""
+    index = HistoryIndex(n)
     index.sync(rec["ids"][:rec["start"]], rec["ids"][rec["start"]:a + 1])
     s, m = index.find()
     return index.tokens(s + 1, s + 1 + m) if m > 0 else []
@@ -170,7 +169,7 @@ def replay_tree_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: d
     T, B, head = len(ids), module.drafter.conf.block_size, head_params(module)
     depth = min(size, B) - 1
     a, rounds = rec["start"], 0
-    index = CopyIndex()
+    index = HistoryIndex(B - 1)
     while a < T - 1:
         rounds += 1
         short = torch.tensor([depth + 1]) if short_draft and depth + 1 < B else None
@@ -178,7 +177,7 @@ def replay_tree_rounds(module: DrafterTrainModule, feats: TargetFeatures, rec: d
         z = torch.cat((z, z[:, -1:]), dim=1)[:, :depth + 1]  # [1, D+1, H]
         copy = None
         if module.drafter.copy_gate is not None:
-            index.sync(rec["ids"][:a + 1])
+            index.sync(rec["ids"][:rec["start"]], rec["ids"][rec["start"]:a + 1])
             copy = PointerCopy(module.drafter.copy_gate, [index], ids.device)
         bonus = ids[a:a + 1]
         inputs = HeadInputs.of(z, head, DEFAULT_CANDIDATE_POOL)
@@ -198,9 +197,9 @@ def _pointer(module: DrafterTrainModule, histories: list[list[int]]) -> PointerC
     a drafter without a copy gate."""
     if module.drafter.copy_gate is None:
         return None
-    indexes = [CopyIndex() for _ in histories]
+    indexes = [HistoryIndex(1) for _ in histories]
     for index, history in zip(indexes, histories):
-        index.sync(history)
+        index.sync(history, [])
     return PointerCopy(module.drafter.copy_gate, indexes, module.embed_weight.device)
 
 

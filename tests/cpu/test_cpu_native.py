@@ -366,7 +366,8 @@ def test_the_native_head_at_vector_widths_drafts_as_the_torch_loop(vocab_rows, p
     copy's wins included, with and without a draft vocabulary and a candidate pool."""
     from torch import nn
 
-    from domino_sglang.spec.pointer import CopyIndex, PointerCopy
+    from domino_sglang.spec.history import HistoryIndex
+    from domino_sglang.spec.pointer import PointerCopy
     from domino_sglang.spec.rollout import HeadParams, greedy_rollout
 
     h, g, e, v, block = 40, 20, 37, 150, 7
@@ -390,9 +391,9 @@ def test_the_native_head_at_vector_widths_drafts_as_the_torch_loop(vocab_rows, p
 
     def drafts(fused):
         served.native = fused
-        indexes = [CopyIndex() for _ in histories]
+        indexes = [HistoryIndex(block - 1) for _ in histories]
         for index, x in zip(indexes, histories):
-            index.sync(x)
+            index.sync(x, [])
         copy = PointerCopy(gate, indexes, torch.device("cpu"))
         with torch.no_grad():
             return greedy_rollout(z, bonus, served, pool, True, copy=copy), copy.copied()

@@ -1,4 +1,4 @@
-"""The prompt-lookup rule stated over whole histories: the reference `LookupIndex` (the served,
+"""The prompt-lookup rule stated over whole histories: the reference `HistoryIndex` (the served,
 incremental proposer, domino_sglang/spec/proposers/lookup.py) is tested against, and the
 "before" of benchmarks/lookup_host.py. Tests and benchmarks only: nothing served calls it."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from domino_sglang.spec.proposers.lookup import MAX_MATCH, MIN_MATCH
+from domino_sglang.spec.history import MAX_MATCH, MIN_MATCH
 from domino_sglang.spec.suffix_match import suffix_matches
 
 
@@ -22,7 +22,7 @@ def lookup_draft(history: torch.Tensor, max_tokens: int, min_match: int = MIN_MA
 def lookup_batch(histories: list[torch.Tensor], max_tokens: int, min_match: int = MIN_MATCH,
                  max_match: int = MAX_MATCH) -> tuple[torch.Tensor, torch.Tensor]:
     """Lookup drafts of n histories at once, by tensor compares over the whole histories (the
-    rule's statement, which LookupIndex answers incrementally: PromptLookup asks the index):
+    rule's statement, which HistoryIndex answers incrementally: PromptLookup asks the index):
     (drafts [n, max_tokens] int64, padded with -1; lengths [n], 0 where no suffix of min_match
     tokens recurs), by the rule of lookup.py's module docstring.
 

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import torch
 
-from domino_sglang.spec.proposers.lookup import LookupIndex, PromptLookup
+from domino_sglang.spec.history import HistoryIndex
+from domino_sglang.spec.proposers.lookup import PromptLookup
 from tests.harness.lookup_reference import lookup_batch, lookup_draft
 
 
@@ -120,7 +121,7 @@ def test_the_index_equals_a_direct_scan_as_the_history_grows():
     does (and so what lookup_batch does, tested above)."""
     found = asked = 0
     for prompt, steps, max_tokens, min_match, max_match in growing_histories(2, 1500):
-        index, output = LookupIndex(max_tokens, min_match, max_match), []
+        index, output = HistoryIndex(max_tokens, min_match, max_match), []
         for step in steps:
             output.extend(step)  # the request's own list, appended in place
             index.sync(prompt, output)
@@ -130,10 +131,10 @@ def test_the_index_equals_a_direct_scan_as_the_history_grows():
             found, asked = found + bool(want), asked + 1
     assert 0.3 < found / asked < 0.9  # both outcomes are exercised
     # the default rule, on lookup_batch's own examples
-    index = LookupIndex(4)
+    index = HistoryIndex(4)
     index.sync([1, 2, 9, 1, 2], [8, 1, 2])
     assert index.draft() == [9, 1, 2, 8] and index.find() == (1, 4)  # the end of "1 2" at 1
-    index = LookupIndex(8)
+    index = HistoryIndex(8)
     index.sync([3], [4] * 20)  # inside a run longer than max_match: 8 more
     assert index.draft() == [4] * 8
 
@@ -142,7 +143,7 @@ def test_a_history_that_no_longer_extends_the_index_is_indexed_afresh():
     """A shorter output, another token at the last indexed position or another prompt length
     (a restarted request) re-index: nothing of the earlier history is left. A history that
     extends the indexed one keeps its index."""
-    index = LookupIndex(4)
+    index = HistoryIndex(4)
     index.sync([1, 2, 3, 4], [1, 2])
     assert index.draft() == [3, 4, 1, 2]
     grams = index.grams
@@ -159,7 +160,7 @@ def test_a_history_that_no_longer_extends_the_index_is_indexed_afresh():
         index.sync(prompt, output)
         assert index.grams is not grams, (prompt, output)
         assert index.draft() == scan(prompt + output, 4), (prompt, output)
-        fresh = LookupIndex(4)
+        fresh = HistoryIndex(4)
         fresh.sync(prompt, output)
         assert index.grams == fresh.grams and index.length == fresh.length == len(prompt + output)
 
@@ -228,3 +229,39 @@ def test_prompt_lookup_offers_what_the_batched_lookup_found_over_rounds():
         assert not set(lookup.indexes) & set(left)  # the requests that left are dropped
     assert 0.2 < offered / asked < 0.9  # both outcomes are exercised
     assert made > 20  # requests came and went
+
+
+def test_prompt_lookup_and_the_pointer_copy_read_one_index_per_request():
+    """The two copying proposers share each request's HistoryIndex (history.py): prompt lookup
+    indexes a request's history when it asks, the pointer's copy path of the same round reads
+    that index (nothing indexed twice), both answer by their own rules (a direct scan, the
+    training table), and a request that left is dropped for both."""
+    from domino_sglang.spec.history import HistoryIndexes
+    from domino_sglang.spec.pointer import CopyPaths, copy_table
+
+    B, mask = 8, 0
+    histories = HistoryIndexes(B - 1)
+    lookup = PromptLookup(B, mask, "cpu", 16, histories)
+    gate = torch.nn.Linear(4 + 13, 1)
+    paths = CopyPaths(gate, "cpu", on_device=False, histories=histories)
+    rng = random.Random(5)
+    reqs = [SimpleNamespace(rid=f"r{i}", origin_input_ids=[rng.randrange(6) for _ in range(30)],
+                            output_ids=[]) for i in range(3)]
+    for _ in range(6):  # rounds: lookup asks first, then the drafter's copy path
+        for r in reqs:
+            r.output_ids.append(rng.randrange(6))
+        bonus = torch.tensor([r.output_ids[-1] for r in reqs])
+        lookup.offer(SimpleNamespace(reqs=reqs), bonus, None)
+        indexed = {rid: (ix.grams, ix.length) for rid, ix in histories.indexes.items()}
+        sizes = {rid: sum(map(len, ix.grams)) for rid, ix in histories.indexes.items()}
+        copy = paths.for_round(reqs, bonus, B - 1)
+        for r, index in zip(reqs, copy.indexes):
+            assert index is histories.indexes[r.rid]  # the one index, not a second
+            assert (index.grams, index.length) == indexed[r.rid]
+            assert sum(map(len, index.grams)) == sizes[r.rid]  # nothing indexed again
+            h = r.origin_input_ids + r.output_ids
+            assert index.draft() == scan(h, B - 1)
+            cand, match = copy_table(h)
+            assert index.copy_candidate([]) == (int(cand[-1]), int(match[-1]))
+    paths.for_round(reqs[1:], bonus[1:], B - 1)
+    assert set(histories) == {"r1", "r2"} and set(lookup.indexes) == {"r1", "r2"}

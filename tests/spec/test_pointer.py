@@ -174,10 +174,10 @@ def test_a_pointer_drafter_trains_from_a_gateless_init_and_resumes_exactly(tmp_p
 
 
 def test_copy_index_answers_as_copy_table_round_by_round():
-    """The served index (pointer.CopyIndex: histories indexed incrementally, the round's chain
+    """The served index (history.HistoryIndex: histories indexed incrementally, the round's chain
     scanned) gives every position exactly copy_table's candidate of history + chain, as the
     drafter was trained; a history that no longer extends the index is indexed afresh."""
-    from domino_sglang.spec.pointer import CopyIndex
+    from domino_sglang.spec.history import HistoryIndex
 
     rng = random.Random(1)
     for trial in range(60):
@@ -186,16 +186,18 @@ def test_copy_index_answers_as_copy_table_round_by_round():
         if trial % 3 == 0:
             ids = ids + ids[:20] + [rng.randrange(vocab)]
         cand, match = copy_table(ids)
-        index, k = CopyIndex(), 1
-        while k <= len(ids):  # rounds committing 1-5 tokens
-            index.sync(ids[:k])
+        index, k, output = HistoryIndex(15), 1, []
+        prompt = ids[:rng.randrange(1, len(ids) + 1)]
+        while k <= len(ids):  # rounds committing 1-5 tokens, appended to the request's list
+            output.extend(ids[len(prompt) + len(output):k])
+            index.sync(prompt if k >= len(prompt) else ids[:k], output)
             for i in range(min(16, len(ids) - k + 1)):  # the chain d_1..d_i
-                assert index.candidate(ids[k:k + i]) == (int(cand[k - 1 + i]),
-                                                         int(match[k - 1 + i])), (ids, k, i)
+                assert index.copy_candidate(ids[k:k + i]) == (
+                    int(cand[k - 1 + i]), int(match[k - 1 + i])), (ids, k, i)
             k += rng.randrange(1, 6)
         if len(ids) >= 3:
-            index.sync(ids[:1])  # restarted
-            assert index.candidate(ids[1:3]) == (int(cand[2]), int(match[2]))
+            index.sync(ids[:1], [])  # restarted
+            assert index.copy_candidate(ids[1:3]) == (int(cand[2]), int(match[2]))
 
 
 def _gate(bias: float, seed: int = 0):
@@ -209,12 +211,13 @@ def _gate(bias: float, seed: int = 0):
 
 
 def _pointer(gate, histories):
-    from domino_sglang.spec.pointer import CopyIndex, PointerCopy
+    from domino_sglang.spec.history import HistoryIndex
+    from domino_sglang.spec.pointer import PointerCopy
 
     indexes = []
     for h in histories:
-        indexes.append(CopyIndex())
-        indexes[-1].sync(h)
+        indexes.append(HistoryIndex(15))
+        indexes[-1].sync(h, [])
     return PointerCopy(gate, indexes, torch.device("cpu"))
 
 
@@ -374,7 +377,7 @@ def test_device_candidates_are_copy_table_at_every_position():
 @pytest.mark.parametrize("use_head", [True, False])
 @pytest.mark.parametrize("pool", [0, 5])
 def test_device_pointer_copy_drafts_as_the_host_index(pool, use_head):
-    """Greedy and sampled rollouts with DevicePointerCopy equal those with the host CopyIndex
+    """Greedy and sampled rollouts with DevicePointerCopy equal those with the host HistoryIndex
     (same drafts, same q, same copied positions)."""
     from domino_sglang.spec.rollout import greedy_rollout, sampled_rollout
     from domino_sglang.spec.sampling import RoundUniforms

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from domino_sglang.spec.history import HistoryIndexes
 from domino_sglang.spec.plan import RoundPlan
 from domino_sglang.spec.planner import RoundPlanner
 from domino_sglang.spec.proposers import OFFERING, ProposerContext, offering_proposers
@@ -53,7 +54,7 @@ def request(prompt: list[int], rid: int):
 def serve(prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], dict[str, int]]:
     """Decode every prompt to `max_tokens` output tokens in batched rounds; returns the outputs
     and, per offering proposer, the draft tokens of its rows the target kept."""
-    ctx = ProposerContext(B, MASK, "cpu", V, SimpleNamespace(lookup=True))
+    ctx = ProposerContext(B, MASK, "cpu", V, SimpleNamespace(lookup=True), HistoryIndexes(B - 1))
     offering = offering_proposers(ctx)
     planner = RoundPlanner(Policy(), B, "cpu", offering)
     reqs = [request(p, i) for i, p in enumerate(prompts)]
@@ -106,7 +107,7 @@ def test_without_its_registration_the_toy_drafts_nothing():
 def test_a_row_found_by_an_earlier_proposer_is_not_offered_again(monkeypatch, order):
     makers = {"lookup": OFFERING["lookup"], "repeat": toy_proposer.for_server}
     monkeypatch.setattr("domino_sglang.spec.proposers.OFFERING", {n: makers[n] for n in order})
-    ctx = ProposerContext(B, MASK, "cpu", V, SimpleNamespace(lookup=True))
+    ctx = ProposerContext(B, MASK, "cpu", V, SimpleNamespace(lookup=True), HistoryIndexes(B - 1))
     planner = RoundPlanner(Policy(), B, "cpu", offering_proposers(ctx))
     reqs = [request([3, 5, 3, 5, 3], 0), request([1, 2, 4], 1)]  # "3 5" recurs in the first
     reqs[0].output_ids = [5]

@@ -21,7 +21,8 @@ import torch
 from scipy.stats import chi2
 from torch import nn
 
-from domino_sglang.spec.pointer import CopyIndex, PointerCopy
+from domino_sglang.spec.history import HistoryIndex
+from domino_sglang.spec.pointer import PointerCopy
 from domino_sglang.spec.proposers.protocol import one_hot_proposal
 from domino_sglang.spec.rollout import HeadParams, greedy_rollout, sampled_rollout
 from domino_sglang.spec.sampling import (
@@ -116,14 +117,14 @@ def run_domino(target: TinyTarget, head: HeadParams, rows: SamplingRows, verify,
     length = torch.full((n,), len(PROMPT))
     ar = torch.arange(n)
     z = torch.randn(1, B, H, generator=torch.Generator().manual_seed(3)).expand(n, -1, -1)
-    indexes = [CopyIndex() for _ in range(n)] if gate is not None else []
+    indexes = [HistoryIndex(B - 1) for _ in range(n)] if gate is not None else []
     while int(length.min()) < len(PROMPT) + tokens:
         x_t, prev = hist[ar, length - 1], hist[ar, length - 2]
         u = RoundUniforms.for_round(rows.seed, length - 1, B)  # x_t at position length - 1
         copy = None
         if gate is not None:
             for i, index in enumerate(indexes):
-                index.sync(hist[i, :int(length[i])].tolist())
+                index.sync(PROMPT, hist[i, len(PROMPT):int(length[i])].tolist())
             copy = PointerCopy(gate, indexes, torch.device("cpu"))
         drafts, q = sampled_rollout(z, x_t, head, rows, u.draft, candidate_pool=pool,
                                     temperature_scale=scale, copy=copy)
@@ -599,8 +600,8 @@ def test_bounded_top_k_filters_as_the_whole_sort_without_sorting():
 def _pointer_copy(gate: nn.Linear, histories: list[list[int]]) -> PointerCopy:
     indexes = []
     for history in histories:
-        index = CopyIndex()
-        index.sync(history)
+        index = HistoryIndex(B - 1)
+        index.sync(history, [])
         indexes.append(index)
     return PointerCopy(gate, indexes, torch.device("cpu"))
 

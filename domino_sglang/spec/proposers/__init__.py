@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from domino_sglang.spec.history import HistoryIndexes
 from domino_sglang.spec.proposers.lookup import PromptLookup
 from domino_sglang.spec.proposers.protocol import OfferingProposer
 
@@ -15,20 +16,23 @@ from domino_sglang.spec.proposers.protocol import OfferingProposer
 @dataclass(frozen=True)
 class ProposerContext:
     """What an offering proposer is built from: the drafter's block B, its mask token, the
-    device, the vocabulary size V of the verifier's distributions, the serving options."""
+    device, the vocabulary size V of the verifier's distributions, the serving options and the
+    running requests' history indexes (history.py, shared with the pointer drafter's copy)."""
 
     block_size: int
     mask_token_id: int
     device: Any
     vocab_size: int
     options: Any  # options.DominoConfig
+    histories: HistoryIndexes
 
 
 def _lookup(ctx: ProposerContext) -> OfferingProposer | None:
     """Prompt lookup, unless --speculative-domino-lookup off."""
     if not ctx.options.lookup:
         return None
-    return PromptLookup(ctx.block_size, ctx.mask_token_id, ctx.device, ctx.vocab_size)
+    return PromptLookup(ctx.block_size, ctx.mask_token_id, ctx.device, ctx.vocab_size,
+                        ctx.histories)
 
 
 # name -> factory (None: off on this server), in the order a round asks them
