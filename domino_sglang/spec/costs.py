@@ -41,8 +41,9 @@ of consecutive plain rounds is a couple of the window's times), used once it has
 speculating server runs a plain round (a calibration round) when its bucket has too few or
 stale (CAL_REFRESH rounds) plain times: every round until the bucket has its first PLAIN_MIN
 (a bucket cannot price a round before, and at a dear batch size the prior's guesses cost more
-than a few plain rounds), later at most one per CAL_MIN_GAP rounds (policy.py). Buckets: exact
-to 8, then 4 per octave.
+than a few plain rounds; a slow spell over those three prices its rounds low until later times
+outvote it), later at most one per CAL_MIN_GAP rounds (policy.py). Buckets: exact to 8, then 4
+per octave.
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ class HistoryIndex:
         self.length = 0  # tokens of h indexed: the ends 0 .. length - 2 are in `grams`
         self.prompt_len = 0  # len(prompt) when indexed
         self.last_token = -1  # h[length - 1] when indexed
+        self.recent: tuple[int, ...] = ()  # h's last max_match tokens when indexed
 
     def _at(self, i: int) -> int:
         p = len(self.prompt)
@@ -76,16 +77,17 @@ class HistoryIndex:
 
     def sync(self, prompt: Sequence[int], output: Sequence[int]) -> None:
         """Index the history prompt + output (x_t last): only its new tokens, unless it no longer
-        extends what was indexed (a shorter history, another prompt length, or another token
-        at the last indexed position: a restarted request), which is indexed afresh."""
+        extends what was indexed (a shorter history, another prompt length, or other tokens
+        at the last max_match indexed positions: a restarted request), which is indexed
+        afresh. (A restart that kept all of those would keep the old index; a request's
+        history in SGLang only grows, a retracted one's too.)"""
         self.prompt, self.output = prompt, output
         total = len(prompt) + len(output)
-        if total == self.length and len(prompt) == self.prompt_len and (
-                not total or self._at(total - 1) == self.last_token):
-            return  # nothing new (a second proposer asking in the same round)
-        if self.length and (total < self.length or len(prompt) != self.prompt_len
-                            or self._at(self.length - 1) != self.last_token):
+        if self.length and (total < self.length or len(prompt) != self.prompt_len or tuple(
+                self.tokens(self.length - len(self.recent), self.length)) != self.recent):
             self._reset()
+        elif total == self.length:
+            return  # nothing new (a second proposer asking in the same round)
         self.prompt_len = len(prompt)
         first = max(self.length - 1, 0)  # the first end not yet indexed
         lo = max(first - self.max_match + 1, 0)
@@ -111,6 +113,7 @@ class HistoryIndex:
                 gram = (seg[e + 1 - lo - n], *gram)
         self.length = total
         self.last_token = self._at(total - 1) if total else -1
+        self.recent = tuple(self.tokens(max(total - self.max_match, 0), total))
 
     def longest(self, tail: Sequence[int], limit: int) -> tuple[int, int | tuple[int, ...]]:
         """(n, ends): the longest n <= limit such that the last n tokens of `tail` (a

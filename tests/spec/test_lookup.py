@@ -140,7 +140,7 @@ def test_the_index_equals_a_direct_scan_as_the_history_grows():
 
 
 def test_a_history_that_no_longer_extends_the_index_is_indexed_afresh():
-    """A shorter output, another token at the last indexed position or another prompt length
+    """A shorter output, other tokens at the last indexed positions or another prompt length
     (a restarted request) re-index: nothing of the earlier history is left. A history that
     extends the indexed one keeps its index."""
     index = HistoryIndex(4)
@@ -154,6 +154,7 @@ def test_a_history_that_no_longer_extends_the_index_is_indexed_afresh():
         ([1, 2, 3, 4], [7]),  # shorter
         ([1, 2, 3], [4, 7, 1, 2]),  # extends it, but the prompt is another length
         ([9, 9, 9], [9, 1, 2, 9, 9]),  # longer, another token at the last indexed position
+        ([9, 9, 9], [8, 1, 2, 9, 9, 3]),  # the same last indexed token, another before it
     ]
     for prompt, output in restarts:
         grams = index.grams
@@ -265,3 +266,10 @@ def test_prompt_lookup_and_the_pointer_copy_read_one_index_per_request():
             assert index.copy_candidate([]) == (int(cand[-1]), int(match[-1]))
     paths.for_round(reqs[1:], bonus[1:], B - 1)
     assert set(histories) == {"r1", "r2"} and set(lookup.indexes) == {"r1", "r2"}
+    # a history that does not end in x_t: the round copies from x_t alone, the request's own
+    # index untouched
+    kept = histories.indexes["r1"]
+    odd = (reqs[0].output_ids[-1] + 1) % 6
+    copy = paths.for_round(reqs[1:], torch.tensor([odd, int(bonus[2])]), B - 1)
+    assert copy.indexes[0] is not kept and copy.indexes[0].length == 1
+    assert copy.indexes[0].copy_candidate([]) == (-1, 0) and histories.indexes["r1"] is kept

@@ -186,11 +186,11 @@ def test_copy_index_answers_as_copy_table_round_by_round():
         if trial % 3 == 0:
             ids = ids + ids[:20] + [rng.randrange(vocab)]
         cand, match = copy_table(ids)
-        index, k, output = HistoryIndex(15), 1, []
-        prompt = ids[:rng.randrange(1, len(ids) + 1)]
+        prompt, output = ids[:rng.randrange(1, min(len(ids), 8) + 1)], []
+        index, k = HistoryIndex(15), len(prompt)  # a request's rounds from its prefill on
         while k <= len(ids):  # rounds committing 1-5 tokens, appended to the request's list
             output.extend(ids[len(prompt) + len(output):k])
-            index.sync(prompt if k >= len(prompt) else ids[:k], output)
+            index.sync(prompt, output)
             for i in range(min(16, len(ids) - k + 1)):  # the chain d_1..d_i
                 assert index.copy_candidate(ids[k:k + i]) == (
                     int(cand[k - 1 + i]), int(match[k - 1 + i])), (ids, k, i)

@@ -366,15 +366,16 @@ def tree_runs(shape: str, tree_alpha: float, tree_extra: float) -> tuple[float, 
 def test_trees_are_verified_where_they_pay(shape):
     """A tree whose path goes deeper than the chain (per level 0.75 against 0.6) at a small
     extra cost: after a warm-up the policy verifies trees, within 15 % of the best fixed tree's
-    rate (it weighs the sizes of TREE_GRID and keeps exploring them), the larger sizes tried."""
+    rate (it weighs the sizes of TREE_GRID and keeps exploring them), the larger sizes tried by
+    some servers (which ones depends on their draws)."""
     share, rate = tree_runs(shape, 0.75, 0.05)
     assert share > 0.8 and rate > 0.85 * best_tree_rate(SHAPES[shape], 1, 0.75, 0.05)
-    tried = []  # the sizes where trees pay most are tried: by which servers depends on their
-    for seed in range(8):  # draws (on the CPU shape 2-3 of these 8, about 2 in 5 of 20 seeds)
-        policy, rng = SpeculationPolicy(B), random.Random(seed)
+    tried = []  # the sizes where trees pay most are tried within 400 rounds by some servers
+    for seed in range(20):  # (on the CPU shape 7 of these 20, 8 before the policy's learned
+        policy, rng = SpeculationPolicy(B), random.Random(seed)  # costs were refined)
         serve_trees(policy, SHAPES[shape], 1, 0.6, 0.75, 0.05, 400, rng)
         tried.append(max(policy.trees.sums) in (12, 16))
-    assert sum(tried) >= 2, tried
+    assert sum(tried) >= 4, tried
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

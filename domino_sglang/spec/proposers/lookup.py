@@ -51,7 +51,8 @@ class PromptLookup(OfferingProposer):
                  histories: HistoryIndexes | None = None):
         super().__init__(vocab_size)
         self.block_size, self.mask_token_id, self.device = block_size, mask_token_id, device
-        self.indexes = histories or HistoryIndexes(block_size - 1)  # request id -> its index
+        # request id -> its index
+        self.indexes = HistoryIndexes(block_size - 1) if histories is None else histories
         if self.indexes.max_tokens != block_size - 1:
             raise ValueError(f"histories: keep {block_size - 1} ends per n-gram (the block's "
                              f"drafts), got {self.indexes.max_tokens}")
