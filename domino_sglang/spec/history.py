@@ -59,8 +59,12 @@ class HistoryIndex:
             {} for _ in range(self.max_match + 1)]
         self.length = 0  # tokens of h indexed: the ends 0 .. length - 2 are in `grams`
         self.prompt_len = 0  # len(prompt) when indexed
-        self.last_token = -1  # h[length - 1] when indexed
         self.recent: tuple[int, ...] = ()  # h's last max_match tokens when indexed
+
+    @property
+    def last_token(self) -> int:
+        """h[length - 1] when indexed (x_t), -1 before anything is."""
+        return self.recent[-1] if self.recent else -1
 
     def _at(self, i: int) -> int:
         p = len(self.prompt)
@@ -112,7 +116,6 @@ class HistoryIndex:
                     break
                 gram = (seg[e + 1 - lo - n], *gram)
         self.length = total
-        self.last_token = self._at(total - 1) if total else -1
         self.recent = tuple(self.tokens(max(total - self.max_match, 0), total))
 
     def longest(self, tail: Sequence[int], limit: int) -> tuple[int, int | tuple[int, ...]]:
