@@ -35,15 +35,11 @@ Tree rounds stay out of the chain's fit.
 t is the wall time from one decode round's start to the next's (the scheduler's own work
 included; the worker drops a round followed by a prefill; offer-only rounds, without a draft
 pass, are samples of the per-token term alone: their long verifies are what prices an offer)
-and t_plain(bs) the low median of the bucket's last PLAIN_WINDOW plain rounds (its first
-PLAIN_MIN kept as they come, later ones at most one per PLAIN_SPACING rounds, so a slow spell
-of consecutive plain rounds is a couple of the window's times), used once it has PLAIN_MIN; a
-speculating server runs a plain round (a calibration round) when its bucket has too few or
-stale (CAL_REFRESH rounds) plain times: every round until the bucket has its first PLAIN_MIN
-(a bucket cannot price a round before, and at a dear batch size the prior's guesses cost more
-than a few plain rounds; a slow spell over those three prices its rounds low until later times
-outvote it), later at most one per CAL_MIN_GAP rounds (policy.py). Buckets: exact to 8, then 4
-per octave.
+and t_plain(bs) the low median of the bucket's last PLAIN_WINDOW plain rounds (kept at most
+one per PLAIN_SPACING rounds, so a slow spell of consecutive plain rounds is a couple of the
+window's times), used once it has PLAIN_MIN; a speculating server runs a plain round (a
+calibration round) when its bucket has too few or stale (CAL_REFRESH rounds) plain times, at
+most one per CAL_MIN_GAP rounds (policy.py). Buckets: exact to 8, then 4 per octave.
 """
 
 from __future__ import annotations
@@ -54,11 +50,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 PLAIN_WINDOW, PLAIN_MIN = 9, 3  # plain-round times kept per bucket; needed before use
-PLAIN_SPACING = 8  # rounds between two plain times kept once a bucket has PLAIN_MIN
+PLAIN_SPACING = 8  # rounds between two plain times kept (a spell of plain rounds gives a few)
 CAL_MIN_GAP = 32  # rounds between two calibration rounds (plain rounds while speculating)
 CAL_REFRESH = 96  # rounds after which a batch size's plain time is measured again
 FORGET = 0.99  # per sample of a bucket: its fit weighs the last ~100 rounds
-PRIOR_DRAFT, PRIOR_PER_TOKEN = 2.0, 0.25  # the prior's weight, in pseudo-samples (per_token's at
+PRIOR_DRAFT, PRIOR_PER_TOKEN = 2.0, 2.0  # the prior's weight, in pseudo-samples (per_token's at
 PRIOR_L = 6  # L = PRIOR_L: a sample of a long round says more about per_token)
 NOISE_PRIOR, NOISE_WEIGHT = 0.15, 4.0  # sd of y assumed before any sample, and its weight
 OUTLIER = 3.0  # samples farther than this many sd from the fit are clipped there
@@ -88,12 +84,8 @@ class CostModel:
 
 # The device-neutral prior: a speculative round costs 1.4 plain rounds at L = 2 and 0.04 more
 # per verified token, whatever bs. Between the shapes above (a CPU's L = 2 round about as dear,
-# docs/design.md; a GPU's draft pass cheaper, its verify nearly flat in L); its draft term
-# weighted as 2 rounds, its per-token price as a quarter of one round at L = PRIOR_L: rounds of
-# one length (a dear bucket's probes, L = 2 alone) cannot tell the draft pass from the per-token
-# price, and a confident 0.04 (a GPU's) kept a compute-bound CPU bucket (0.44 at bs 16) looking
-# cheap at long L: it kept probing and verified L = 5-6 at 3.7 plain rounds. Weak, the split
-# follows the bucket's own rounds.
+# docs/design.md; a GPU's draft pass cheaper, its verify nearly flat in L); weighted as ~4
+# rounds, so a server's own rounds outvote it within a few dozen.
 NEUTRAL = CostModel(draft=0.36, slope_0=0.04, slope_per_req=0.0)
 
 
@@ -247,10 +239,8 @@ class OnlineCosts:
         self.rounds += 1
         bucket = bs_bucket(bs)
         if draft_len <= 1:
-            times = self.plain.setdefault(bucket, deque(maxlen=PLAIN_WINDOW))
-            if (len(times) < PLAIN_MIN
-                    or self.rounds - self.plain_at.get(bucket, -PLAIN_SPACING) >= PLAIN_SPACING):
-                times.append(seconds)
+            if self.rounds - self.plain_at.get(bucket, -PLAIN_SPACING) >= PLAIN_SPACING:
+                self.plain.setdefault(bucket, deque(maxlen=PLAIN_WINDOW)).append(seconds)
                 self.plain_at[bucket] = self.rounds
             return
         plain = self.plain_time(bs)

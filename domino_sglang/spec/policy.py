@@ -58,6 +58,7 @@ from domino_sglang.spec.costs import (  # noqa: F401  (re-exported: the policy's
     CAL_REFRESH,
     NEUTRAL,
     PLAIN_MIN,
+    PLAIN_SPACING,
     TREE_EXTRA,
     CostModel,
     OnlineCosts,
@@ -271,10 +272,11 @@ class SpeculationPolicy:
         if chosen > 1:
             self._plain_rounds = self.losses = 0
             calibration = self.calibration
-            # the first PLAIN_MIN plain times of a batch size in a row (a speculating server
-            # prices nothing before it has them: costs.py), later ones CAL_MIN_GAP apart
+            # the first PLAIN_MIN plain times of a batch size come PLAIN_SPACING rounds apart
+            # (a speculating server learns nothing of its costs before it has them), later
+            # ones CAL_MIN_GAP apart
             gap = (CAL_MIN_GAP if calibration is None or calibration.plain_time(bs) is not None
-                   else 1)
+                   else PLAIN_SPACING)
             if (calibration is not None and calibration.needs_plain(bs)
                     and self._rounds - self._calibrated_at >= gap):
                 self._calibrated_at = self._rounds
@@ -293,7 +295,7 @@ class SpeculationPolicy:
                 self.calibration.plain_time(bs) is None):
             # a probe is timed against the bucket's plain rounds: first let it have them
             # (probes every round near break-even would leave it none, and its costs a prior)
-            interval = max(interval, PLAIN_MIN)
+            interval = max(interval, PLAIN_SPACING)
         if interval is not None and self._plain_rounds >= interval * backoff:
             self._plain_rounds = 0
             self._probed = True
